@@ -9,6 +9,7 @@ package agentv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,8 +23,34 @@ const (
 )
 
 // ProberConfig is the configuration agentd hands to the prober helper in Configure.
+//
+// The prober serves the rewritten kubelet probes (/app-health/..., /app-lifecycle/...) as
+// plain HTTP on the inherited Unix socket named "probe"; agentd's status server forwards those
+// paths to it. It also runs the WorkloadEntry health check and publishes each change on the
+// bus topic "workload-health".
 type ProberConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ISTIO_KUBE_APP_PROBERS: JSON map from probe path to kubelet probe (httpGet, tcpSocket or
+	// grpc, timeoutSeconds). Empty: every probe path answers 400.
+	KubeAppProbers string `protobuf:"bytes,1,opt,name=kube_app_probers,json=kubeAppProbers,proto3" json:"kube_app_probers,omitempty"`
+	// The pod IP (INSTANCE_IP) app probes are sent to; empty means localhost.
+	PodIp string `protobuf:"bytes,2,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
+	// REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: send app probes to localhost, not the pod IP.
+	LegacyLocalhostDestination bool `protobuf:"varint,3,opt,name=legacy_localhost_destination,json=legacyLocalhostDestination,proto3" json:"legacy_localhost_destination,omitempty"`
+	// The proxy is IPv6-only: probes leave from ::6 instead of 127.0.0.6.
+	Ipv6 bool `protobuf:"varint,4,opt,name=ipv6,proto3" json:"ipv6,omitempty"`
+	// agentd's status port (15020): an incoming Host with this port gets the app's port instead.
+	StatusPort uint32 `protobuf:"varint,5,opt,name=status_port,json=statusPort,proto3" json:"status_port,omitempty"`
+	// ISTIO_ENABLE_HTTP2_PROBING=false: no HTTP/2 for HTTPS app probes (Istio's default is on).
+	DisableHttp2Probing bool `protobuf:"varint,6,opt,name=disable_http2_probing,json=disableHttp2Probing,proto3" json:"disable_http2_probing,omitempty"`
+	// ENABLE_PROBE_KEEPALIVE_CONNECTIONS: keep connections to the app open between probes.
+	ProbeKeepaliveConnections bool `protobuf:"varint,7,opt,name=probe_keepalive_connections,json=probeKeepaliveConnections,proto3" json:"probe_keepalive_connections,omitempty"`
+	// ProxyConfig readinessProbe (istio.networking.v1alpha3.ReadinessProbe): the WorkloadEntry
+	// health check. Absent: no health check runs.
+	ReadinessProbe *anypb.Any `protobuf:"bytes,8,opt,name=readiness_probe,json=readinessProbe,proto3" json:"readiness_probe,omitempty"`
+	// When set, a WorkloadEntry health check first requires this URL to answer 200 (agentd's
+	// /healthz/ready; Istio runs its Envoy readiness probe first unless Envoy is disabled).
+	AgentReadyUrl string `protobuf:"bytes,9,opt,name=agent_ready_url,json=agentReadyUrl,proto3" json:"agent_ready_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -58,12 +85,85 @@ func (*ProberConfig) Descriptor() ([]byte, []int) {
 	return file_agent_v1_prober_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *ProberConfig) GetKubeAppProbers() string {
+	if x != nil {
+		return x.KubeAppProbers
+	}
+	return ""
+}
+
+func (x *ProberConfig) GetPodIp() string {
+	if x != nil {
+		return x.PodIp
+	}
+	return ""
+}
+
+func (x *ProberConfig) GetLegacyLocalhostDestination() bool {
+	if x != nil {
+		return x.LegacyLocalhostDestination
+	}
+	return false
+}
+
+func (x *ProberConfig) GetIpv6() bool {
+	if x != nil {
+		return x.Ipv6
+	}
+	return false
+}
+
+func (x *ProberConfig) GetStatusPort() uint32 {
+	if x != nil {
+		return x.StatusPort
+	}
+	return 0
+}
+
+func (x *ProberConfig) GetDisableHttp2Probing() bool {
+	if x != nil {
+		return x.DisableHttp2Probing
+	}
+	return false
+}
+
+func (x *ProberConfig) GetProbeKeepaliveConnections() bool {
+	if x != nil {
+		return x.ProbeKeepaliveConnections
+	}
+	return false
+}
+
+func (x *ProberConfig) GetReadinessProbe() *anypb.Any {
+	if x != nil {
+		return x.ReadinessProbe
+	}
+	return nil
+}
+
+func (x *ProberConfig) GetAgentReadyUrl() string {
+	if x != nil {
+		return x.AgentReadyUrl
+	}
+	return ""
+}
+
 var File_agent_v1_prober_proto protoreflect.FileDescriptor
 
 const file_agent_v1_prober_proto_rawDesc = "" +
 	"\n" +
-	"\x15agent/v1/prober.proto\x12\x0fagentd.agent.v1\"\x0e\n" +
-	"\fProberConfigB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x15agent/v1/prober.proto\x12\x0fagentd.agent.v1\x1a\x19google/protobuf/any.proto\"\xa1\x03\n" +
+	"\fProberConfig\x12(\n" +
+	"\x10kube_app_probers\x18\x01 \x01(\tR\x0ekubeAppProbers\x12\x15\n" +
+	"\x06pod_ip\x18\x02 \x01(\tR\x05podIp\x12@\n" +
+	"\x1clegacy_localhost_destination\x18\x03 \x01(\bR\x1alegacyLocalhostDestination\x12\x12\n" +
+	"\x04ipv6\x18\x04 \x01(\bR\x04ipv6\x12\x1f\n" +
+	"\vstatus_port\x18\x05 \x01(\rR\n" +
+	"statusPort\x122\n" +
+	"\x15disable_http2_probing\x18\x06 \x01(\bR\x13disableHttp2Probing\x12>\n" +
+	"\x1bprobe_keepalive_connections\x18\a \x01(\bR\x19probeKeepaliveConnections\x12=\n" +
+	"\x0freadiness_probe\x18\b \x01(\v2\x14.google.protobuf.AnyR\x0ereadinessProbe\x12&\n" +
+	"\x0fagent_ready_url\x18\t \x01(\tR\ragentReadyUrlB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_prober_proto_rawDescOnce sync.Once
@@ -80,13 +180,15 @@ func file_agent_v1_prober_proto_rawDescGZIP() []byte {
 var file_agent_v1_prober_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_agent_v1_prober_proto_goTypes = []any{
 	(*ProberConfig)(nil), // 0: agentd.agent.v1.ProberConfig
+	(*anypb.Any)(nil),    // 1: google.protobuf.Any
 }
 var file_agent_v1_prober_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: agentd.agent.v1.ProberConfig.readiness_probe:type_name -> google.protobuf.Any
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_prober_proto_init() }
