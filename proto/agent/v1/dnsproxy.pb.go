@@ -9,6 +9,7 @@ package agentv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,8 +23,28 @@ const (
 )
 
 // DNSProxyConfig is the configuration agentd hands to the dnsproxy helper in Configure.
+// The sockets are inherited: "dns-udp" and "dns-tcp" (127.0.0.1), and "dns-udp6" and
+// "dns-tcp6" (::1) when Istio would listen there too.
 type DNSProxyConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resolv.conf with the upstream nameservers and the search list (--resolv-conf).
+	// Default /etc/resolv.conf. An unreadable file is a configuration error, as in Istio.
+	ResolvConf string `protobuf:"bytes,1,opt,name=resolv_conf,json=resolvConf,proto3" json:"resolv_conf,omitempty"`
+	// The pod's namespace (POD_NAMESPACE): short names resolve only for its services.
+	PodNamespace string `protobuf:"bytes,2,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	// The proxy's DNS domain (Istio's --domain), default "<pod_namespace>.svc.cluster.local";
+	// a leading namespace label is dropped, as Istio does.
+	ProxyDomain string `protobuf:"bytes,3,opt,name=proxy_domain,json=proxyDomain,proto3" json:"proxy_domain,omitempty"`
+	// Each upstream attempt's dial, write and read timeout (DNS_FORWARD_TIMEOUT), default 5s.
+	ForwardTimeout *durationpb.Duration `protobuf:"bytes,4,opt,name=forward_timeout,json=forwardTimeout,proto3" json:"forward_timeout,omitempty"`
+	// Ask every upstream at once and take the first answer (DNS_FORWARD_PARALLEL).
+	ForwardParallel bool `protobuf:"varint,5,opt,name=forward_parallel,json=forwardParallel,proto3" json:"forward_parallel,omitempty"`
+	// Forward queries before the first name table instead of answering SERVFAIL (Istio does
+	// this when it listens on :53 as root).
+	RespondBeforeSync bool `protobuf:"varint,6,opt,name=respond_before_sync,json=respondBeforeSync,proto3" json:"respond_before_sync,omitempty"`
+	// Overrides the resolv.conf search list when not empty (the first entry decides the
+	// search-domain CNAME short-cut).
+	SearchDomains []string `protobuf:"bytes,7,rep,name=search_domains,json=searchDomains,proto3" json:"search_domains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -58,12 +79,69 @@ func (*DNSProxyConfig) Descriptor() ([]byte, []int) {
 	return file_agent_v1_dnsproxy_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *DNSProxyConfig) GetResolvConf() string {
+	if x != nil {
+		return x.ResolvConf
+	}
+	return ""
+}
+
+func (x *DNSProxyConfig) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *DNSProxyConfig) GetProxyDomain() string {
+	if x != nil {
+		return x.ProxyDomain
+	}
+	return ""
+}
+
+func (x *DNSProxyConfig) GetForwardTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.ForwardTimeout
+	}
+	return nil
+}
+
+func (x *DNSProxyConfig) GetForwardParallel() bool {
+	if x != nil {
+		return x.ForwardParallel
+	}
+	return false
+}
+
+func (x *DNSProxyConfig) GetRespondBeforeSync() bool {
+	if x != nil {
+		return x.RespondBeforeSync
+	}
+	return false
+}
+
+func (x *DNSProxyConfig) GetSearchDomains() []string {
+	if x != nil {
+		return x.SearchDomains
+	}
+	return nil
+}
+
 var File_agent_v1_dnsproxy_proto protoreflect.FileDescriptor
 
 const file_agent_v1_dnsproxy_proto_rawDesc = "" +
 	"\n" +
-	"\x17agent/v1/dnsproxy.proto\x12\x0fagentd.agent.v1\"\x10\n" +
-	"\x0eDNSProxyConfigB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x17agent/v1/dnsproxy.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbf\x02\n" +
+	"\x0eDNSProxyConfig\x12\x1f\n" +
+	"\vresolv_conf\x18\x01 \x01(\tR\n" +
+	"resolvConf\x12#\n" +
+	"\rpod_namespace\x18\x02 \x01(\tR\fpodNamespace\x12!\n" +
+	"\fproxy_domain\x18\x03 \x01(\tR\vproxyDomain\x12B\n" +
+	"\x0fforward_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eforwardTimeout\x12)\n" +
+	"\x10forward_parallel\x18\x05 \x01(\bR\x0fforwardParallel\x12.\n" +
+	"\x13respond_before_sync\x18\x06 \x01(\bR\x11respondBeforeSync\x12%\n" +
+	"\x0esearch_domains\x18\a \x03(\tR\rsearchDomainsB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_dnsproxy_proto_rawDescOnce sync.Once
@@ -79,14 +157,16 @@ func file_agent_v1_dnsproxy_proto_rawDescGZIP() []byte {
 
 var file_agent_v1_dnsproxy_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_agent_v1_dnsproxy_proto_goTypes = []any{
-	(*DNSProxyConfig)(nil), // 0: agentd.agent.v1.DNSProxyConfig
+	(*DNSProxyConfig)(nil),      // 0: agentd.agent.v1.DNSProxyConfig
+	(*durationpb.Duration)(nil), // 1: google.protobuf.Duration
 }
 var file_agent_v1_dnsproxy_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: agentd.agent.v1.DNSProxyConfig.forward_timeout:type_name -> google.protobuf.Duration
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_dnsproxy_proto_init() }
