@@ -6,6 +6,7 @@ import (
 	_ "github.com/coreos/go-systemd/v22/activation"
 	_ "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	_ "github.com/fsnotify/fsnotify"
+	_ "github.com/google/go-cmp/cmp"
 	_ "github.com/hashicorp/go-hclog"
 	_ "github.com/hashicorp/go-plugin"
 	_ "github.com/miekg/dns"
@@ -16,8 +17,7 @@ import (
 	_ "golang.org/x/sync/errgroup"
 	_ "google.golang.org/grpc"
 	_ "google.golang.org/protobuf/proto"
-	_ "istio.io/api/security/v1alpha1"
 	_ "istio.io/api/mesh/v1alpha1"
+	_ "istio.io/api/security/v1alpha1"
 	_ "sigs.k8s.io/yaml"
-	_ "github.com/google/go-cmp/cmp"
 )

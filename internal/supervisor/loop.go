@@ -1,0 +1,236 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// loop keeps one child running until ctx ends, then stops it. first is closed once the first
+// process is ready or has failed to become so.
+func (s *Supervisor) loop(ctx context.Context, c *child, first chan<- struct{}) {
+	var once sync.Once
+	signalFirst := func() { once.Do(func() { close(first) }) }
+	defer signalFirst()
+	defer s.setState(c, Stopped)
+
+	c.mu.Lock()
+	binary := c.Binary
+	c.mu.Unlock()
+	var inst Instance // set when a swap during backoff already started the next process
+	for {
+		if inst == nil {
+			s.setState(c, Starting)
+			var sum string
+			var err error
+			inst, sum, err = s.launch(ctx, c, binary, s.opts.ReadyTimeout)
+			signalFirst()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				c.log.Error("start failed", "error", err)
+				c.mu.Lock()
+				c.lastErr = err
+				c.mu.Unlock()
+			} else {
+				s.adopt(c, inst, binary, sum)
+			}
+		}
+		if inst != nil {
+			restart := s.serve(ctx, c, inst)
+			inst = nil
+			if ctx.Err() != nil {
+				return
+			}
+			c.mu.Lock()
+			binary = c.status.Binary // a swap may have changed it
+			if restart || time.Since(c.status.StartedAt) >= s.opts.Backoff.StableAfter {
+				c.failures = 0
+			}
+			c.mu.Unlock()
+			if restart {
+				s.countRestart(c)
+				continue
+			}
+		}
+
+		c.mu.Lock()
+		c.failures++
+		n := c.failures
+		c.mu.Unlock()
+		wait := s.opts.Backoff.delay(n)
+		st := Backoff
+		if n >= s.opts.Backoff.CrashLoopAfter {
+			st = CrashLoop
+		}
+		s.setState(c, st)
+		c.log.Info("restarting", "in", wait.Round(time.Millisecond), "exits_in_a_row", n, "state", st)
+		binary, inst = s.backoff(ctx, c, wait, binary)
+		if ctx.Err() != nil {
+			if inst != nil {
+				s.stop(c, inst)
+			}
+			return
+		}
+		s.countRestart(c)
+	}
+}
+
+// backoff waits before a restart. A restart command ends the wait; a swap command tries the
+// new binary at once (the incident case: a crash-looping helper replaced by a fixed build) and,
+// when it becomes ready, returns its running process to be served.
+func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, binary string) (string, Instance) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return binary, nil
+		case <-t.C:
+			return binary, nil
+		case cmd := <-c.cmds:
+			if cmd.kind == cmdRestart {
+				cmd.reply <- nil
+				return binary, nil
+			}
+			inst, err := s.startNew(ctx, c, cmd)
+			if err != nil {
+				cmd.reply <- err
+				continue
+			}
+			s.adopt(c, inst, cmd.binary, cmd.sha256)
+			c.mu.Lock()
+			c.failures = 0
+			c.mu.Unlock()
+			cmd.reply <- nil
+			return cmd.binary, inst
+		}
+	}
+}
+
+// serve watches a running process until it exits, ctx ends (then it stops it), or a restart
+// command stops it (then it returns true). Swap commands replace it in place.
+func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restart bool) {
+	for {
+		select {
+		case <-inst.Exited():
+			err := inst.Err()
+			if err == nil {
+				err = errors.New("exited with status 0")
+			}
+			c.log.Error("process exited", "pid", inst.Pid(), "error", err)
+			c.mu.Lock()
+			c.inst, c.lastErr = nil, fmt.Errorf("pid %d %w", inst.Pid(), err)
+			c.status.Pid = 0
+			c.mu.Unlock()
+			return false
+		case <-ctx.Done():
+			s.stop(c, inst)
+			return false
+		case cmd := <-c.cmds:
+			switch cmd.kind {
+			case cmdRestart:
+				c.log.Info("restart requested", "pid", inst.Pid())
+				s.stop(c, inst)
+				cmd.reply <- nil
+				return true
+			case cmdSwap:
+				next, err := s.startNew(ctx, c, cmd)
+				if err != nil {
+					cmd.reply <- err
+					continue
+				}
+				c.log.Info("swap: new process ready, stopping the old one", "old_pid", inst.Pid(), "new_pid", next.Pid())
+				s.stop(c, inst)
+				s.adopt(c, next, cmd.binary, cmd.sha256)
+				inst = next
+				cmd.reply <- nil
+			}
+		}
+	}
+}
+
+// startNew starts a swap's binary beside the running process and waits until it is ready.
+func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, error) {
+	c.log.Info("swap: starting new binary", "binary", cmd.binary, "sha256", cmd.sha256)
+	inst, _, err := s.launch(ctx, c, cmd.binary, cmd.timeout)
+	if err != nil {
+		c.log.Error("swap refused, the old process keeps serving", "binary", cmd.binary, "error", err)
+		return nil, fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
+	}
+	return inst, nil
+}
+
+// launch starts a process of c from binary and waits until it is ready, it exits, or timeout.
+func (s *Supervisor) launch(ctx context.Context, c *child, binary string, timeout time.Duration) (Instance, string, error) {
+	sum, err := fileSHA256(binary)
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	inst, err := c.Launch(ctx, binary, c.files)
+	if err != nil {
+		return nil, "", err
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := inst.Ready(ctx)
+		if err == nil {
+			c.log.Info("ready", "pid", inst.Pid())
+			return inst, sum, nil
+		}
+		select {
+		case <-inst.Exited():
+			return nil, "", fmt.Errorf("pid %d exited before it was ready: %v", inst.Pid(), inst.Err())
+		case <-ctx.Done():
+			s.stop(c, inst)
+			return nil, "", fmt.Errorf("pid %d not ready after %v: %v", inst.Pid(), timeout, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// stop drains a process, then stops it, each within its deadline; a second SIGTERM (Kill)
+// ends both deadlines at once.
+func (s *Supervisor) stop(c *child, inst Instance) {
+	s.setState(c, Draining)
+	c.log.Info("draining", "pid", inst.Pid())
+	dctx, cancel := context.WithTimeout(s.hard, s.opts.DrainTimeout)
+	if err := inst.Drain(dctx); err != nil {
+		c.log.Warn("drain did not finish", "pid", inst.Pid(), "error", err)
+	}
+	cancel()
+	sctx, cancel := context.WithTimeout(s.hard, s.opts.StopTimeout)
+	defer cancel()
+	inst.Stop(sctx)
+	c.log.Info("stopped", "pid", inst.Pid())
+	c.mu.Lock()
+	if c.inst == inst {
+		c.inst = nil
+		c.status.Pid = 0
+	}
+	c.mu.Unlock()
+}
+
+func (s *Supervisor) adopt(c *child, inst Instance, binary, sum string) {
+	c.mu.Lock()
+	c.inst, c.lastErr = inst, nil
+	c.status.Pid = inst.Pid()
+	c.status.Binary = binary
+	c.status.SHA256 = sum
+	c.status.StartedAt = time.Now().UTC()
+	c.mu.Unlock()
+	s.setState(c, Running)
+}
+
+func (s *Supervisor) countRestart(c *child) {
+	c.mu.Lock()
+	c.status.Restarts++
+	c.mu.Unlock()
+	s.restarts.WithLabelValues(c.Name).Inc()
+}

@@ -1,0 +1,101 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+)
+
+// openSockets opens every child's listening sockets once; they live as long as the supervisor,
+// across every process of the child.
+func (s *Supervisor) openSockets() error {
+	for _, c := range s.children {
+		for _, sock := range c.Sockets {
+			f, err := s.openSocket(sock)
+			if err != nil {
+				s.closeSockets()
+				return fmt.Errorf("open socket %s of %s: %w", sock.Name, c.Name, err)
+			}
+			c.files = append(c.files, f)
+		}
+	}
+	return nil
+}
+
+func (s *Supervisor) closeSockets() {
+	for _, c := range s.children {
+		for i, f := range c.files {
+			f.Close()
+			if sock := c.Sockets[i]; sock.Network == "unix" && s.opts.Inherited[sock.Name] == nil {
+				os.Remove(s.path(sock.Address))
+			}
+		}
+		c.files = nil
+	}
+}
+
+func (s *Supervisor) path(addr string) string {
+	if filepath.IsAbs(addr) {
+		return addr
+	}
+	return filepath.Join(s.opts.Root, addr)
+}
+
+func (s *Supervisor) openSocket(sock Socket) (*os.File, error) {
+	if f := s.opts.Inherited[sock.Name]; f != nil {
+		return f, nil
+	}
+	switch sock.Network {
+	case "unix":
+		return listenUnix(s.path(sock.Address), sock.Mode)
+	case "tcp", "tcp4", "tcp6":
+		l, err := net.Listen(sock.Network, sock.Address)
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		return l.(*net.TCPListener).File()
+	case "udp", "udp4", "udp6":
+		pc, err := net.ListenPacket(sock.Network, sock.Address)
+		if err != nil {
+			return nil, err
+		}
+		defer pc.Close()
+		return pc.(*net.UDPConn).File()
+	}
+	return nil, fmt.Errorf("unknown network %q", sock.Network)
+}
+
+func listenUnix(path string, mode os.FileMode) (*os.File, error) {
+	if mode == 0 {
+		mode = 0o600
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	// A socket file left by an agentd that was killed would make the bind fail; anything else
+	// at that path is not ours to remove.
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	defer l.Close()
+	if err := os.Chmod(path, mode); err != nil {
+		return nil, err
+	}
+	return l.File()
+}

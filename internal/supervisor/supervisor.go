@@ -1,0 +1,342 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// State is where a child is in its life.
+type State string
+
+const (
+	Starting  State = "starting"
+	Running   State = "running"
+	Backoff   State = "backoff"   // waiting to restart after an exit
+	CrashLoop State = "crashloop" // still restarted, but it keeps exiting
+	Draining  State = "draining"
+	Stopped   State = "stopped"
+)
+
+var states = []State{Starting, Running, Backoff, CrashLoop, Draining, Stopped}
+
+// Options tune the supervisor. The zero value works.
+type Options struct {
+	Log hclog.Logger
+	// Root is the directory relative Unix socket paths are under (default: working directory).
+	Root string
+	// Inherited holds sockets agentd itself was handed (systemd socket activation), by name;
+	// they are used instead of opening new ones.
+	Inherited map[string]*os.File
+	// Metrics registers the children's states and restarts (default: not registered).
+	Metrics prometheus.Registerer
+
+	ReadyTimeout time.Duration // for a new process to become ready (default 30 s)
+	DrainTimeout time.Duration // for a process to drain when stopped (default 5 s)
+	StopTimeout  time.Duration // for a drained process to exit before SIGKILL (default 5 s)
+	Backoff      BackoffPolicy
+}
+
+// BackoffPolicy is how soon a child that exited is started again.
+type BackoffPolicy struct {
+	Initial        time.Duration // delay after the first exit (default 50 ms: the first retry is fast)
+	Max            time.Duration // cap (default 30 s)
+	StableAfter    time.Duration // a run this long resets the delay (default 10 s)
+	CrashLoopAfter int           // exits in a row, each before StableAfter, that make a crash loop (default 5)
+}
+
+// delay is the wait before restart number n (1-based) of a run of failures: exponential,
+// capped, with ±20% jitter so that children failing together do not restart in lockstep.
+func (b BackoffPolicy) delay(n int) time.Duration {
+	d := b.Initial
+	for i := 1; i < n && d < b.Max; i++ {
+		d *= 2
+	}
+	d = min(d, b.Max)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+func (o *Options) setDefaults() {
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.ReadyTimeout, 30*time.Second)
+	def(&o.DrainTimeout, 5*time.Second)
+	def(&o.StopTimeout, 5*time.Second)
+	def(&o.Backoff.Initial, 50*time.Millisecond)
+	def(&o.Backoff.Max, 30*time.Second)
+	def(&o.Backoff.StableAfter, 10*time.Second)
+	if o.Backoff.CrashLoopAfter == 0 {
+		o.Backoff.CrashLoopAfter = 5
+	}
+}
+
+// Status is a child's state as `agentd status --json` shows it.
+type Status struct {
+	Name      string    `json:"name"`
+	Pid       int       `json:"pid"`
+	State     State     `json:"state"`
+	Restarts  int       `json:"restarts"`
+	Binary    string    `json:"binary"`
+	SHA256    string    `json:"sha256"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Supervisor runs the children.
+type Supervisor struct {
+	opts     Options
+	children []*child
+	byName   map[string]*child
+
+	restarts *prometheus.CounterVec
+	state    *prometheus.GaugeVec
+
+	// hard ends every drain and stop deadline at once: a second SIGTERM.
+	hard     context.Context
+	hardStop context.CancelFunc
+}
+
+type child struct {
+	Child
+	log   hclog.Logger
+	files []*os.File
+	cmds  chan command
+
+	mu       sync.Mutex
+	status   Status
+	inst     Instance
+	lastErr  error
+	failures int // exits in a row without a stable run
+}
+
+// New returns a supervisor for children, which start in that order.
+func New(children []Child, opts Options) (*Supervisor, error) {
+	opts.setDefaults()
+	hard, hardStop := context.WithCancel(context.Background())
+	s := &Supervisor{
+		opts:     opts,
+		byName:   map[string]*child{},
+		hard:     hard,
+		hardStop: hardStop,
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_child_restarts_total", Help: "Times a child process was started again.",
+		}, []string{"child"}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_child_state", Help: "1 for the state each child is in, 0 for the others.",
+		}, []string{"child", "state"}),
+	}
+	if opts.Metrics != nil {
+		for _, c := range []prometheus.Collector{s.restarts, s.state} {
+			if err := opts.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("register supervisor metrics: %w", err)
+			}
+		}
+	}
+	for _, spec := range children {
+		if _, dup := s.byName[spec.Name]; dup {
+			return nil, fmt.Errorf("two children named %q", spec.Name)
+		}
+		c := &child{
+			Child:  spec,
+			log:    opts.Log.Named(spec.Name),
+			cmds:   make(chan command),
+			status: Status{Name: spec.Name, State: Stopped, Binary: spec.Binary},
+		}
+		s.children = append(s.children, c)
+		s.byName[spec.Name] = c
+		s.restarts.WithLabelValues(spec.Name)
+		s.setState(c, Stopped)
+	}
+	return s, nil
+}
+
+// Run opens the children's sockets, starts the children in order (each waits until the one
+// before it is ready, or ReadyTimeout), keeps them running until ctx ends, then stops them in
+// reverse order and closes the sockets.
+func (s *Supervisor) Run(ctx context.Context) error {
+	defer s.hardStop()
+	if err := s.openSockets(); err != nil {
+		return err
+	}
+	defer s.closeSockets()
+
+	var stops []func()
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}()
+	for _, c := range s.children {
+		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		first := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.loop(cctx, c, first)
+		}()
+		stops = append(stops, func() { cancel(); <-done })
+		select {
+		case <-first:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// Kill makes every drain and stop deadline pass now: the children still running are killed.
+func (s *Supervisor) Kill() { s.hardStop() }
+
+// Statuses returns every child's status, in start order.
+func (s *Supervisor) Statuses() []Status {
+	out := make([]Status, 0, len(s.children))
+	for _, c := range s.children {
+		c.mu.Lock()
+		out = append(out, c.status)
+		c.mu.Unlock()
+	}
+	return out
+}
+
+// Ready returns nil when every child runs and says it is ready, or the first reason not.
+func (s *Supervisor) Ready(ctx context.Context) error {
+	for _, c := range s.children {
+		c.mu.Lock()
+		inst, st, lastErr := c.inst, c.status.State, c.lastErr
+		c.mu.Unlock()
+		if inst == nil || st != Running {
+			if lastErr != nil {
+				return fmt.Errorf("%s is %s: %v", c.Name, st, lastErr)
+			}
+			return fmt.Errorf("%s is %s", c.Name, st)
+		}
+		if err := inst.Ready(ctx); err != nil {
+			return fmt.Errorf("%s is not ready: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// Metrics returns the metrics of each running child, by name; a child that cannot answer is
+// left out and its error returned beside.
+func (s *Supervisor) Metrics(ctx context.Context) (map[string][]byte, map[string]error) {
+	texts, errs := map[string][]byte{}, map[string]error{}
+	for _, c := range s.children {
+		c.mu.Lock()
+		inst := c.inst
+		c.mu.Unlock()
+		if inst == nil {
+			errs[c.Name] = fmt.Errorf("%s is not running", c.Name)
+			continue
+		}
+		text, err := inst.Metrics(ctx)
+		if err != nil {
+			errs[c.Name] = err
+			continue
+		}
+		texts[c.Name] = text
+	}
+	return texts, errs
+}
+
+// ErrUnknownChild is returned for a name that is not a child.
+var ErrUnknownChild = errors.New("no such child")
+
+// Restart stops the child's process gracefully and starts a new one at once.
+func (s *Supervisor) Restart(ctx context.Context, name string) error {
+	return s.send(ctx, name, command{kind: cmdRestart})
+}
+
+// Swap starts binary beside the child's running process on the same sockets, waits until it
+// is ready (within timeout, or ReadyTimeout), then drains and stops the old process; later
+// restarts use binary. If wantSHA256 is set and binary's does not match, nothing changes. If the
+// new process does not become ready, it is stopped and the old one keeps serving.
+func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, timeout time.Duration) error {
+	sum, err := fileSHA256(binary)
+	if err != nil {
+		return err
+	}
+	if wantSHA256 != "" && sum != wantSHA256 {
+		return fmt.Errorf("checksum of %s is %s, want %s: not swapped", binary, sum, wantSHA256)
+	}
+	if timeout == 0 {
+		timeout = s.opts.ReadyTimeout
+	}
+	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, sha256: sum, timeout: timeout})
+}
+
+func (s *Supervisor) send(ctx context.Context, name string, cmd command) error {
+	c, ok := s.byName[name]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownChild, name)
+	}
+	cmd.reply = make(chan error, 1)
+	select {
+	case c.cmds <- cmd:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-cmd.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type cmdKind int
+
+const (
+	cmdRestart cmdKind = iota
+	cmdSwap
+)
+
+type command struct {
+	kind    cmdKind
+	binary  string
+	sha256  string
+	timeout time.Duration
+	reply   chan error
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("read binary: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("read binary %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (s *Supervisor) setState(c *child, st State) {
+	c.mu.Lock()
+	c.status.State = st
+	c.mu.Unlock()
+	for _, x := range states {
+		v := 0.0
+		if x == st {
+			v = 1
+		}
+		s.state.WithLabelValues(c.Name, string(x)).Set(v)
+	}
+}
