@@ -41,11 +41,18 @@ type Options struct {
 	// Metrics registers the children's states and restarts (default: not registered).
 	Metrics prometheus.Registerer
 
-	ReadyTimeout time.Duration // for a new process to become ready (default 30 s)
-	DrainTimeout time.Duration // for a process to drain when stopped (default 5 s)
-	StopTimeout  time.Duration // for a drained process to exit before SIGKILL (default 5 s)
+	ReadyTimeout time.Duration // for a new process to become ready (default DefaultReadyTimeout)
+	DrainTimeout time.Duration // for a process to drain when stopped (default DefaultDrainTimeout)
+	StopTimeout  time.Duration // for a drained process to exit before SIGKILL (default DefaultStopTimeout)
 	Backoff      BackoffPolicy
 }
+
+// Defaults of Options' timeouts.
+const (
+	DefaultReadyTimeout = 30 * time.Second
+	DefaultDrainTimeout = 5 * time.Second
+	DefaultStopTimeout  = 5 * time.Second
+)
 
 // BackoffPolicy is how soon a child that exited is started again.
 type BackoffPolicy struct {
@@ -75,9 +82,9 @@ func (o *Options) setDefaults() {
 			*d = v
 		}
 	}
-	def(&o.ReadyTimeout, 30*time.Second)
-	def(&o.DrainTimeout, 5*time.Second)
-	def(&o.StopTimeout, 5*time.Second)
+	def(&o.ReadyTimeout, DefaultReadyTimeout)
+	def(&o.DrainTimeout, DefaultDrainTimeout)
+	def(&o.StopTimeout, DefaultStopTimeout)
 	def(&o.Backoff.Initial, 50*time.Millisecond)
 	def(&o.Backoff.Max, 30*time.Second)
 	def(&o.Backoff.StableAfter, 10*time.Second)

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/agentd/agentd/internal/agent"
+	"github.com/agentd/agentd/internal/supervisor"
+)
+
+// rootFlag is --root, shared by every command that finds a running agentd.
+var rootFlag = &cli.StringFlag{
+	Name: "root", Value: ".", Usage: "directory Istio's relative paths (etc/istio/proxy, var/run/...) live under",
+}
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run the agent: the helpers, Envoy, the bus, the control socket",
+		Flags: []cli.Flag{
+			rootFlag,
+			&cli.StringFlag{Name: "helpers-dir", Usage: "directory of the helper binaries (default: agentd's own)"},
+			&cli.BoolFlag{Name: "disable-envoy", EnvVars: []string{"DISABLE_ENVOY"}, Usage: "run without Envoy (proxyless gRPC)"},
+			&cli.StringFlag{Name: "envoy-binary", Value: "/usr/local/bin/envoy", Usage: "Envoy's path"},
+			&cli.StringFlag{Name: "discovery-address", Value: "istiod.istio-system.svc:15012", Usage: "upstream xDS server"},
+			&cli.StringFlag{Name: "dns-address", Value: "127.0.0.1:15053", EnvVars: []string{"DNS_PROXY_ADDR"}, Usage: "dns-proxy's UDP and TCP address"},
+			&cli.IntFlag{Name: "status-port", Value: 15020, Usage: "status server port"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "time a child has to become ready"},
+			&cli.DurationFlag{Name: "drain-timeout", Value: supervisor.DefaultDrainTimeout, Usage: "time a child has to drain when stopped"},
+			&cli.DurationFlag{Name: "stop-timeout", Value: supervisor.DefaultStopTimeout, Usage: "time a drained child has to exit before SIGKILL"},
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"AGENTD_LOG_LEVEL"}, Usage: "trace, debug, info, warn, error"},
+			&cli.BoolFlag{Name: "log-json", Usage: "log JSON lines"},
+		},
+		Action: func(c *cli.Context) error {
+			log := hclog.New(&hclog.LoggerOptions{
+				Name: "agentd", Level: hclog.LevelFromString(c.String("log-level")), JSONFormat: c.Bool("log-json"),
+				Output: os.Stderr,
+			})
+			a, err := agent.New(agent.Options{
+				Root:             c.String("root"),
+				HelpersDir:       c.String("helpers-dir"),
+				DisableEnvoy:     c.Bool("disable-envoy"),
+				EnvoyBinary:      c.String("envoy-binary"),
+				DiscoveryAddress: c.String("discovery-address"),
+				DNSAddress:       c.String("dns-address"),
+				StatusPort:       c.Int("status-port"),
+				Env:              os.Environ(),
+				Log:              log,
+				ReadyTimeout:     c.Duration("ready-timeout"),
+				DrainTimeout:     c.Duration("drain-timeout"),
+				StopTimeout:      c.Duration("stop-timeout"),
+			})
+			if err != nil {
+				return err
+			}
+			return a.Run(signalContext(log, a))
+		},
+	}
+}
+
+// signalContext ends at the first SIGTERM or SIGINT (graceful stop); a second one kills the
+// children still running and lets agentd exit at once.
+func signalContext(log hclog.Logger, a *agent.Agent) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sigc
+		log.Info("signal: stopping gracefully", "signal", s)
+		cancel()
+		s = <-sigc
+		log.Warn("second signal: stopping now", "signal", s)
+		a.Kill()
+	}()
+	return ctx
+}

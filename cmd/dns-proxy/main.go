@@ -1,0 +1,7 @@
+// Command dns-proxy is agentd's dns-proxy helper, started by agentd as a go-plugin child. For now it is
+// a minimal plugin: it serves the plugin contract and nothing else.
+package main
+
+import "github.com/agentd/agentd/internal/component"
+
+func main() { component.Serve("dns-proxy", component.Minimal) }

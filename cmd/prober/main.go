@@ -1,0 +1,7 @@
+// Command prober is agentd's prober helper, started by agentd as a go-plugin child. For now it is
+// a minimal plugin: it serves the plugin contract and nothing else.
+package main
+
+import "github.com/agentd/agentd/internal/component"
+
+func main() { component.Serve("prober", component.Minimal) }

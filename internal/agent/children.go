@@ -1,0 +1,59 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/supervisor"
+)
+
+// buildChildren returns the child table in start order: sds-server first (Envoy and xds-proxy
+// need certificates, and it stops last), then xds-proxy, dns-proxy, prober and Envoy. Each
+// child's entry is built in its own file here.
+func (a *Agent) buildChildren() ([]supervisor.Child, error) {
+	var out []supervisor.Child
+	for _, build := range []func() (*supervisor.Child, error){
+		a.sdsServer, a.xdsProxy, a.dnsProxy, a.prober,
+	} {
+		c, err := build()
+		if err != nil {
+			return nil, err
+		}
+		if c != nil { // nil: turned off by configuration
+			out = append(out, *c)
+		}
+	}
+	return out, nil
+}
+
+// helper is the child entry of a helper binary named name in the helpers directory.
+func (a *Agent) helper(name string, config proto.Message, sockets ...supervisor.Socket) *supervisor.Child {
+	names := make([]string, len(sockets))
+	for i, s := range sockets {
+		names[i] = s.Name
+	}
+	return &supervisor.Child{
+		Name:    name,
+		Binary:  filepath.Join(a.opts.HelpersDir, name),
+		Sockets: sockets,
+		Launch: func(ctx context.Context, binary string, files []*os.File) (supervisor.Instance, error) {
+			return component.Start(ctx, component.Spec{
+				Name:         name,
+				Binary:       binary,
+				Files:        files,
+				Sockets:      names,
+				Env:          a.opts.Env,
+				Config:       config,
+				Root:         a.opts.Root,
+				Bus:          a.bus.Server(),
+				Log:          a.log,
+				StartTimeout: 10 * time.Second,
+			})
+		},
+	}
+}
