@@ -1,0 +1,101 @@
+package caclient
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// KeyOptions says what kind of private key to make for a CSR, as Istio's agent does.
+type KeyOptions struct {
+	// RSAKeySize is the RSA modulus size (WORKLOAD_RSA_KEY_SIZE); default and minimum 2048.
+	RSAKeySize int
+	// ECCSignatureAlgorithm "ECDSA" (ECC_SIGNATURE_ALGORITHM) makes an ECDSA key instead of RSA.
+	ECCSignatureAlgorithm string
+	// ECCCurve is "P256" (default) or "P384" (ECC_CURVE).
+	ECCCurve string
+	// PKCS8 encodes the key as PKCS#8 instead of PKCS#1 / SEC 1 (PKCS8_KEY).
+	PKCS8 bool
+}
+
+// SPIFFEID is Istio's workload identity: spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
+func SPIFFEID(trustDomain, namespace, serviceAccount string) string {
+	return fmt.Sprintf("spiffe://%s/ns/%s/sa/%s", trustDomain, namespace, serviceAccount)
+}
+
+// NewCSR makes a private key as o asks and a PEM CSR for it whose only subject alternative
+// name is the URI id. It returns the CSR, the key in PEM and the key itself.
+func NewCSR(o KeyOptions, id string) (csrPEM, keyPEM []byte, key crypto.Signer, err error) {
+	uri, err := url.Parse(id)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("parse identity %q: %w", id, err)
+	}
+	key, err = newKey(o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{uri}}, key)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("create CSR for %s: %w", id, err)
+	}
+	keyPEM, err = encodeKey(key, o.PKCS8)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, key, nil
+}
+
+func newKey(o KeyOptions) (crypto.Signer, error) {
+	if strings.EqualFold(o.ECCSignatureAlgorithm, "ECDSA") {
+		curve := elliptic.P256()
+		switch strings.ToUpper(o.ECCCurve) {
+		case "", "P256":
+		case "P384":
+			curve = elliptic.P384()
+		default:
+			return nil, fmt.Errorf("unsupported ECC curve %q (want P256 or P384)", o.ECCCurve)
+		}
+		k, err := ecdsa.GenerateKey(curve, rand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("generate ECDSA key: %w", err)
+		}
+		return k, nil
+	}
+	if o.ECCSignatureAlgorithm != "" {
+		return nil, fmt.Errorf("unsupported ECC signature algorithm %q (want ECDSA)", o.ECCSignatureAlgorithm)
+	}
+	bits := max(o.RSAKeySize, 2048)
+	k, err := rsa.GenerateKey(rand.Reader, bits)
+	if err != nil {
+		return nil, fmt.Errorf("generate RSA %d key: %w", bits, err)
+	}
+	return k, nil
+}
+
+func encodeKey(key crypto.Signer, pkcs8 bool) ([]byte, error) {
+	if pkcs8 {
+		der, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			return nil, fmt.Errorf("encode PKCS#8 key: %w", err)
+		}
+		return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+	}
+	switch k := key.(type) {
+	case *rsa.PrivateKey:
+		return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)}), nil
+	case *ecdsa.PrivateKey:
+		der, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			return nil, fmt.Errorf("encode EC key: %w", err)
+		}
+		return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+	}
+	return nil, fmt.Errorf("unsupported key type %T", key)
+}
