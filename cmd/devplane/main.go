@@ -1,0 +1,38 @@
+// Command devplane is a small local stand-in for istiod: xDS and NDS for the services of a
+// YAML file, for the quickstart, the tests and the benchmarks.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/agentd/agentd/internal/devplane"
+)
+
+func main() {
+	var cfg devplane.Config
+	flag.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:15010", "address to serve xDS (ADS) on")
+	flag.StringVar(&cfg.ServicesFile, "services", "", "services YAML file, reloaded when it changes")
+	flag.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:15014", "address of the debug HTTP server (/debug/health, /debug/nacks); empty for none")
+	flag.StringVar(&cfg.CAAddress, "ca-address", "", "address to serve the CA on; empty serves it beside xDS")
+	level := flag.String("log-level", "info", "log level")
+	flag.Parse()
+	if cfg.ServicesFile == "" {
+		fmt.Fprintln(os.Stderr, "devplane: --services is required")
+		os.Exit(2)
+	}
+	cfg.Log = hclog.New(&hclog.LoggerOptions{Name: "devplane", Level: hclog.LevelFromString(*level)})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := devplane.Run(ctx, cfg); err != nil {
+		cfg.Log.Error("devplane failed", "error", err)
+		os.Exit(1)
+	}
+}

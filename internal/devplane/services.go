@@ -1,0 +1,146 @@
+package devplane
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// File is the services file devplane serves:
+//
+//	services:
+//	- hostname: reviews.default.svc.cluster.local
+//	  namespace: default
+//	  addresses: [10.96.0.12]
+//	  ports: [{name: grpc, port: 9080, protocol: GRPC}]
+//	  endpoints: [{address: 127.0.0.1, port: 50051}]
+type File struct {
+	Services []Service `json:"services"`
+}
+
+// Service is one service of the mesh.
+type Service struct {
+	Hostname  string     `json:"hostname"`
+	Namespace string     `json:"namespace,omitempty"`
+	Registry  string     `json:"registry,omitempty"`  // default "Kubernetes", as istiod names it
+	Addresses []string   `json:"addresses,omitempty"` // the VIPs, also what DNS answers
+	Ports     []Port     `json:"ports"`
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+}
+
+// Port is one port of a service.
+type Port struct {
+	Name     string `json:"name,omitempty"`
+	Port     uint32 `json:"port"`
+	Protocol string `json:"protocol,omitempty"` // GRPC, HTTP, HTTP2 or TCP; default TCP
+}
+
+// Endpoint is one instance of a service.
+type Endpoint struct {
+	Address string `json:"address"`
+	// Port is the instance's port for every service port; 0 means the service port itself.
+	Port uint32 `json:"port,omitempty"`
+	// Ports overrides Port per service port name, for services with several ports.
+	Ports map[string]uint32 `json:"ports,omitempty"`
+}
+
+// registryKubernetes is the registry istiod gives Kubernetes services in the name table.
+const registryKubernetes = "Kubernetes"
+
+// LoadFile reads and checks a services file.
+func LoadFile(path string) ([]Service, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read services file: %w", err)
+	}
+	services, err := ParseServices(data)
+	if err != nil {
+		return nil, fmt.Errorf("services file %s: %w", path, err)
+	}
+	return services, nil
+}
+
+// ParseServices decodes and checks the YAML of a services file, filling in defaults.
+func ParseServices(data []byte) ([]Service, error) {
+	var f File
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	seen := map[string]bool{}
+	for i := range f.Services {
+		s := &f.Services[i]
+		if err := s.check(); err != nil {
+			return nil, fmt.Errorf("service %d (%s): %w", i, s.Hostname, err)
+		}
+		if seen[s.Hostname] {
+			return nil, fmt.Errorf("service %d: hostname %s appears twice", i, s.Hostname)
+		}
+		seen[s.Hostname] = true
+	}
+	return f.Services, nil
+}
+
+func (s *Service) check() error {
+	if s.Hostname == "" {
+		return fmt.Errorf("no hostname")
+	}
+	s.Hostname = strings.ToLower(strings.TrimSuffix(s.Hostname, "."))
+	if s.Registry == "" {
+		s.Registry = registryKubernetes
+	}
+	for _, a := range s.Addresses {
+		if _, err := netip.ParseAddr(a); err != nil {
+			return fmt.Errorf("address %q: %w", a, err)
+		}
+	}
+	if len(s.Ports) == 0 {
+		return fmt.Errorf("no ports")
+	}
+	for i := range s.Ports {
+		p := &s.Ports[i]
+		if p.Port == 0 || p.Port > 65535 {
+			return fmt.Errorf("port %d: out of range", p.Port)
+		}
+		p.Protocol = strings.ToUpper(p.Protocol)
+		switch p.Protocol {
+		case "":
+			p.Protocol = "TCP"
+		case "GRPC", "HTTP", "HTTP2", "TCP":
+		default:
+			return fmt.Errorf("port %d: unknown protocol %q (want GRPC, HTTP, HTTP2 or TCP)", p.Port, p.Protocol)
+		}
+	}
+	for _, e := range s.Endpoints {
+		if _, err := netip.ParseAddr(e.Address); err != nil {
+			return fmt.Errorf("endpoint %q: %w", e.Address, err)
+		}
+		for _, port := range append([]uint32{e.Port}, mapValues(e.Ports)...) {
+			if port > 65535 {
+				return fmt.Errorf("endpoint %s: port %d out of range", e.Address, port)
+			}
+		}
+	}
+	return nil
+}
+
+// portFor is the endpoint's port for service port p.
+func (e Endpoint) portFor(p Port) uint32 {
+	if port, ok := e.Ports[p.Name]; ok && p.Name != "" {
+		return port
+	}
+	if e.Port != 0 {
+		return e.Port
+	}
+	return p.Port
+}
+
+func mapValues(m map[string]uint32) []uint32 {
+	out := make([]uint32, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
