@@ -26,7 +26,7 @@ type Config struct {
 	// ADS on the xDS address, as istiod serves its CA.
 	Register  []func(grpc.ServiceRegistrar)
 	CAAddress string
-	Log      hclog.Logger // default: hclog's default logger
+	Log       hclog.Logger // default: hclog's default logger
 }
 
 // reloadDelay lets an editor finish writing before the file is read again.
