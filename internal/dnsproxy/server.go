@@ -1,0 +1,335 @@
+// Package dnsproxy is the DNS server of dns-proxy: it answers mesh names from Istio's name
+// table and forwards the rest to the resolv.conf nameservers.
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
+)
+
+// ErrNoTable is Ready's answer before the first name table.
+var ErrNoTable = errors.New("dns-proxy has not received a name table yet")
+
+// Config configures a Server. The zero value answers SERVFAIL to names it does not know.
+type Config struct {
+	// Names turns name tables into the names the server answers for.
+	Names Names
+	// Upstreams are the nameservers (host:port) unknown names are forwarded to.
+	Upstreams []string
+	// ForwardTimeout bounds each upstream attempt (DNS_FORWARD_TIMEOUT). Default 5s.
+	ForwardTimeout time.Duration
+	// ForwardParallel asks every upstream at once (DNS_FORWARD_PARALLEL).
+	ForwardParallel bool
+	// RespondBeforeSync forwards queries before the first table instead of SERVFAIL.
+	RespondBeforeSync bool
+	// UDPReaders is how many goroutines read each UDP socket. Default 2.
+	UDPReaders int
+	// MaxInFlight bounds the UDP queries being forwarded at once; more are dropped, and
+	// the client retries. Default 4096.
+	MaxInFlight int
+	// Log defaults to a null logger; Metrics to a private registry.
+	Log     hclog.Logger
+	Metrics prometheus.Registerer
+}
+
+// Server answers DNS over UDP and TCP.
+type Server struct {
+	cfg     Config
+	log     hclog.Logger
+	table   atomic.Pointer[Table]
+	fwd     *forwarder
+	metrics *metrics
+	slots   chan struct{}
+}
+
+// NewServer returns a server with no table: it answers SERVFAIL until SetTable.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.ForwardTimeout <= 0 {
+		cfg.ForwardTimeout = 5 * time.Second
+	}
+	if cfg.UDPReaders <= 0 {
+		cfg.UDPReaders = 2
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 4096
+	}
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg:     cfg,
+		log:     cfg.Log,
+		fwd:     newForwarder(cfg.Upstreams, cfg.ForwardTimeout, cfg.ForwardParallel, m),
+		metrics: m,
+		slots:   make(chan struct{}, cfg.MaxInFlight),
+	}, nil
+}
+
+// SetNameTable builds the lookup table of nt and swaps it in; queries never wait for it.
+func (s *Server) SetNameTable(nt *ndsv1.NameTable) *Table {
+	t := NewTable(nt, s.cfg.Names)
+	s.table.Store(t)
+	return t
+}
+
+// Ready returns ErrNoTable until the first table.
+func (s *Server) Ready() error {
+	if s.table.Load() == nil {
+		return ErrNoTable
+	}
+	return nil
+}
+
+// Serve answers on the UDP sockets and TCP listeners until ctx ends. Then it stops reading,
+// finishes the queries it has read, closes the sockets and returns nil.
+func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.Listener) error {
+	// Queries already read are answered even after ctx ends; each forward has its timeout.
+	work := context.WithoutCancel(ctx)
+	var inflight sync.WaitGroup
+	g, gctx := errgroup.WithContext(ctx)
+	for _, pc := range udp {
+		uc, ok := pc.(*net.UDPConn)
+		if !ok {
+			return fmt.Errorf("serve dns: %T is not a UDP socket", pc)
+		}
+		for range s.cfg.UDPReaders {
+			g.Go(func() error { return s.readUDP(work, uc, &inflight) })
+		}
+		g.Go(func() error {
+			<-gctx.Done()
+			return uc.SetReadDeadline(time.Unix(1, 0)) // unblocks the readers
+		})
+	}
+	for _, l := range tcp {
+		s.serveTCP(gctx, work, g, l)
+	}
+	err := g.Wait()
+	inflight.Wait()
+	for _, pc := range udp {
+		pc.Close()
+	}
+	s.fwd.close()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// serveTCP runs a miekg server on l in g until ctx ends.
+func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Listener) {
+	started := make(chan struct{})
+	srv := &dns.Server{
+		Listener:          l,
+		NotifyStartedFunc: func() { close(started) },
+		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+			if err := w.WriteMsg(s.reply(work, req, true)); err != nil {
+				s.log.Debug("write tcp reply", "client", w.RemoteAddr(), "error", err)
+			}
+		}),
+	}
+	g.Go(func() error {
+		if err := srv.ActivateAndServe(); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("serve dns over tcp on %s: %w", l.Addr(), err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		select {
+		case <-started:
+			return srv.Shutdown()
+		default: // it failed to start; its error is the group's
+			return nil
+		}
+	})
+}
+
+// readUDP answers table hits in place and hands every other query to a goroutine.
+func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync.WaitGroup) error {
+	buf := make([]byte, dns.MaxMsgSize)
+	var scratch fastScratch
+	for {
+		n, addr, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			s.log.Debug("read udp", "error", err)
+			continue
+		}
+		pkt := buf[:n]
+		if t := s.table.Load(); t != nil {
+			if out, ok := scratch.reply(t, pkt); ok {
+				s.metrics.requests.Inc()
+				if _, err := conn.WriteToUDPAddrPort(out, addr); err != nil {
+					s.log.Debug("write udp reply", "client", addr, "error", err)
+				}
+				continue
+			}
+		}
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			continue // overloaded: drop, the client retries
+		}
+		q := append([]byte(nil), pkt...)
+		inflight.Go(func() {
+			defer func() { <-s.slots }()
+			s.serveUDPSlow(work, conn, q, addr)
+		})
+	}
+}
+
+// serveUDPSlow answers one UDP query the fast path did not, accepting and rejecting
+// malformed queries as miekg's server does.
+func (s *Server) serveUDPSlow(ctx context.Context, conn *net.UDPConn, pkt []byte, addr netip.AddrPort) {
+	req, reject := unpackQuery(pkt)
+	var resp *dns.Msg
+	switch {
+	case reject != nil:
+		resp = reject
+	case req != nil:
+		resp = s.reply(ctx, req, false)
+	default:
+		return // not even a header, or a response: drop it
+	}
+	out, err := resp.Pack()
+	if err != nil {
+		s.log.Debug("pack reply", "error", err)
+		return
+	}
+	if _, err := conn.WriteToUDPAddrPort(out, addr); err != nil {
+		s.log.Debug("write udp reply", "client", addr, "error", err)
+	}
+}
+
+// unpackQuery returns the query in pkt, or the FORMERR/NOTIMP reply to send instead, or
+// neither when pkt must be dropped — miekg's server's rules for its default accept func.
+func unpackQuery(pkt []byte) (req, reject *dns.Msg) {
+	if len(pkt) < 12 {
+		return nil, nil
+	}
+	h := dns.Header{
+		Id:      uint16(pkt[0])<<8 | uint16(pkt[1]),
+		Bits:    uint16(pkt[2])<<8 | uint16(pkt[3]),
+		Qdcount: uint16(pkt[4])<<8 | uint16(pkt[5]),
+		Ancount: uint16(pkt[6])<<8 | uint16(pkt[7]),
+		Nscount: uint16(pkt[8])<<8 | uint16(pkt[9]),
+		Arcount: uint16(pkt[10])<<8 | uint16(pkt[11]),
+	}
+	action := dns.DefaultMsgAcceptFunc(h)
+	if action == dns.MsgIgnore {
+		return nil, nil
+	}
+	if action == dns.MsgAccept {
+		req = new(dns.Msg)
+		if err := req.Unpack(pkt); err == nil {
+			return req, nil
+		}
+	}
+	reject = &dns.Msg{MsgHdr: dns.MsgHdr{Id: h.Id, Response: true, Opcode: int(h.Bits>>11) & 0xF, Rcode: dns.RcodeFormatError}}
+	if action == dns.MsgRejectNotImplemented {
+		reject.Rcode = dns.RcodeNotImplemented
+	}
+	return nil, reject
+}
+
+// reply answers req with Istio's semantics, truncated to what the client can take.
+func (s *Server) reply(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
+	s.metrics.requests.Inc()
+	if len(req.Question) == 0 {
+		return rcodeReply(req, dns.RcodeServerFailure)
+	}
+	t := s.table.Load()
+	var resp *dns.Msg
+	switch {
+	case t == nil && !s.cfg.RespondBeforeSync:
+		return rcodeReply(req, dns.RcodeServerFailure)
+	case t == nil:
+		resp = s.fwd.forward(ctx, req, tcp)
+	default:
+		q := req.Question[0]
+		if answers, found := t.Lookup(strings.ToLower(q.Name), q.Qtype); found {
+			resp = new(dns.Msg)
+			resp.SetReply(req)
+			resp.Authoritative = true
+			resp.Answer = shuffled(answers)
+		} else {
+			resp = s.fwd.forward(ctx, req, tcp)
+		}
+	}
+	matchEDNS(req, resp)
+	resp.Truncate(maxSize(req, tcp))
+	return resp
+}
+
+// localUDPSize is the EDNS0 size dns-proxy advertises in its replies.
+const localUDPSize = 1232
+
+// matchEDNS gives resp an OPT record exactly when req has one.
+func matchEDNS(req, resp *dns.Msg) {
+	if req.IsEdns0() == nil {
+		resp.Extra = removeOPT(resp.Extra)
+		return
+	}
+	if resp.IsEdns0() == nil {
+		resp.SetEdns0(localUDPSize, false)
+	}
+}
+
+func removeOPT(rrs []dns.RR) []dns.RR {
+	out := rrs[:0]
+	for _, rr := range rrs {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			out = append(out, rr)
+		}
+	}
+	return out
+}
+
+// maxSize is the largest reply the client takes: 64 KiB over TCP, else its EDNS0 size but
+// at least 512 bytes.
+func maxSize(req *dns.Msg, tcp bool) int {
+	if tcp {
+		return dns.MaxMsgSize
+	}
+	if o := req.IsEdns0(); o != nil && int(o.UDPSize()) > dns.MinMsgSize {
+		return int(o.UDPSize())
+	}
+	return dns.MinMsgSize
+}
+
+// shuffled returns a copy of answers with the address records (which follow any CNAME)
+// in random order, so that clients spread over the addresses.
+func shuffled(answers []dns.RR) []dns.RR {
+	out := append([]dns.RR(nil), answers...)
+	addrs := out
+	if len(out) > 0 && out[0].Header().Rrtype == dns.TypeCNAME {
+		addrs = out[1:]
+	}
+	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
+	return out
+}
