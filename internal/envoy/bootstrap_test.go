@@ -1,0 +1,370 @@
+package envoy
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// sidecarEnv is what Istio's injection template puts into the istio-proxy container.
+var sidecarEnv = []string{
+	"POD_NAME=reviews-v1-6f8d675df4-ml8js",
+	"POD_NAMESPACE=bookinfo",
+	"INSTANCE_IP=10.244.1.17",
+	"SERVICE_ACCOUNT=bookinfo-reviews",
+	`PROXY_CONFIG={"holdApplicationUntilProxyStarts":true}`,
+	`ISTIO_META_POD_PORTS=[{"containerPort":9080,"protocol":"TCP"}]`,
+	"ISTIO_META_APP_CONTAINERS=reviews",
+	"ISTIO_META_CLUSTER_ID=Kubernetes",
+	"ISTIO_META_NODE_NAME=node-1",
+	"ISTIO_META_INTERCEPTION_MODE=REDIRECT",
+	"ISTIO_META_WORKLOAD_NAME=reviews-v1",
+	"ISTIO_META_OWNER=kubernetes://apis/apps/v1/namespaces/bookinfo/deployments/reviews-v1",
+	"ISTIO_META_MESH_ID=cluster.local",
+	`ISTIO_METAJSON_LABELS={"app":"reviews","version":"v1"}`,
+	"TRUST_DOMAIN=cluster.local",
+}
+
+const sidecarLabels = `app="reviews"
+pod-template-hash="6f8d675df4"
+security.istio.io/tlsMode="istio"
+service.istio.io/canonical-name="reviews"
+service.istio.io/canonical-revision="v1"
+topology.istio.io/locality="us-east1.us-east1-b"
+version="v1"`
+
+const sidecarAnnotations = `kubectl.kubernetes.io/default-container="reviews"
+proxy.istio.io/config="{\"terminationDrainDuration\": \"20s\", \"proxyStatsMatcher\": {\"inclusionPrefixes\": [\"http.{pod_ip}_\"]}}"
+sidecar.istio.io/extraStatTags="destination_port,request_host"
+sidecar.istio.io/statsHistogramBuckets="{\"istiocustom\":[1,5,10,50,100,500,1000,5000,10000]}"
+sidecar.istio.io/status="{\"initContainers\":[\"istio-init\"],\"containers\":[\"istio-proxy\"]}"`
+
+// routerMesh is a gateway's mesh config file (the istio ConfigMap's "mesh" key).
+const routerMesh = `
+accessLogFile: /dev/stdout
+defaultConfig:
+  discoveryAddress: istiod.istio-system.svc:15012
+  tracing:
+    zipkin:
+      address: zipkin.istio-system:9411
+  statsdUdpAddress: 10.96.0.20:8125
+  proxyMetadata:
+    ISTIO_META_DNS_CAPTURE: "true"
+  runtimeValues:
+    re2.max_program_size.error_level: ""
+    envoy.reloadable_features.my_feature: "true"
+  concurrency: 2
+enablePrometheusMerge: true
+`
+
+var routerEnv = []string{
+	"POD_NAME=istio-ingressgateway-5c7d8b6f9-abcde",
+	"POD_NAMESPACE=istio-system",
+	"INSTANCE_IP=10.244.2.5",
+	"SERVICE_ACCOUNT=istio-ingressgateway-service-account",
+	"ISTIO_META_WORKLOAD_NAME=istio-ingressgateway",
+	"ISTIO_META_ROUTER_MODE=sni-dnat",
+	"ISTIO_META_CLUSTER_ID=Kubernetes",
+}
+
+// vmProxyConfig is what istio-start.sh exports for a VM.
+const vmProxyConfig = `
+serviceCluster: rawvm
+controlPlaneAuthPolicy: MUTUAL_TLS
+discoveryAddress: istiod.istio-system.svc:15012
+`
+
+var vmEnv = []string{
+	"POD_NAME=vm-1",
+	"POD_NAMESPACE=vm-ns",
+	"INSTANCE_IP=fd00:10::5",
+	"ISTIO_META_NETWORK=vm-network",
+	"ISTIO_META_AUTO_REGISTER_GROUP=vm-group",
+	"ISTIO_META_CLUSTER_ID=Kubernetes",
+}
+
+func env(list []string, key string) string {
+	for _, kv := range list {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+type goldenCase struct {
+	name       string
+	typ        ProxyType
+	env        []string
+	mesh       string
+	proxyEnv   string
+	labels     string
+	annos      string
+	ips        []string
+	exitOnZero bool
+	delta      bool
+}
+
+var goldenCases = []goldenCase{
+	{name: "sidecar", typ: Sidecar, env: sidecarEnv, labels: sidecarLabels, annos: sidecarAnnotations,
+		ips: []string{"10.244.1.17"}, delta: true, exitOnZero: true},
+	{name: "router", typ: Router, env: routerEnv, mesh: routerMesh, ips: []string{"10.244.2.5", "fd00::5"}, delta: true},
+	{name: "vm", typ: Sidecar, env: vmEnv, proxyEnv: vmProxyConfig, ips: []string{"fd00:10::5"}, delta: false},
+}
+
+func (g goldenCase) config(t *testing.T) *Config {
+	t.Helper()
+	annos, err := ParseDownwardAPI(g.annos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels, err := ParseDownwardAPI(g.labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyEnv := g.proxyEnv
+	if proxyEnv == "" {
+		proxyEnv = env(g.env, "PROXY_CONFIG")
+	}
+	pc, err := MergeProxyConfig(ProxyConfigSources{MeshConfig: g.mesh, Env: proxyEnv, Annotations: annos, ServiceCluster: "istio-proxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Config{
+		Type:                        g.typ,
+		PodName:                     env(g.env, "POD_NAME"),
+		PodNamespace:                env(g.env, "POD_NAMESPACE"),
+		ServiceAccount:              env(g.env, "SERVICE_ACCOUNT"),
+		IPs:                         g.ips,
+		ProxyConfig:                 pc,
+		Labels:                      labels,
+		Annotations:                 annos,
+		Env:                         g.env,
+		IstioVersion:                "1.32.0",
+		DeltaXDS:                    g.delta,
+		ExitOnZeroActiveConnections: g.exitOnZero,
+		PilotSAN:                    []string{"istiod.istio-system.svc"},
+	}
+}
+
+func TestBootstrapGolden(t *testing.T) {
+	for _, g := range goldenCases {
+		t.Run(g.name, func(t *testing.T) {
+			c := g.config(t)
+			path := filepath.Join(t.TempDir(), BootstrapFile)
+			if err := WriteBootstrap(c, path); err != nil {
+				t.Fatalf("WriteBootstrap: %v", err)
+			}
+			got, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", g.name+".golden.json")
+			if *update {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, firstDiff(got, want))
+			}
+			// What Envoy reads is what passes full validation, Any payloads included.
+			b, err := ParseBootstrap(got)
+			if err != nil {
+				t.Fatalf("ParseBootstrap(golden) = %v", err)
+			}
+			if b.GetNode().GetId() != c.NodeID() {
+				t.Errorf("node id = %q, want %q", b.GetNode().GetId(), c.NodeID())
+			}
+		})
+	}
+}
+
+func firstDiff(got, want []byte) string {
+	g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+	for i := 0; i < len(g) || i < len(w); i++ {
+		var gl, wl string
+		if i < len(g) {
+			gl = g[i]
+		}
+		if i < len(w) {
+			wl = w[i]
+		}
+		if gl != wl {
+			return "line " + strconv.Itoa(i+1) + ":\n got: " + gl + "\nwant: " + wl
+		}
+	}
+	return ""
+}
+
+func TestValidateEntersAnyPayloads(t *testing.T) {
+	bad := &httpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
+				MaxConcurrentStreams: wrapperspb.UInt32(0), // must be 1..2147483647
+			}},
+		}},
+	}
+	a, err := anypb.New(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := staticCluster("x", 1e9, pipeAddress("/x"))
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": a}
+	b := &bootstrapv3.Bootstrap{StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{c}}}
+	if err := b.ValidateAll(); err != nil {
+		t.Fatalf("ValidateAll = %v; the point of this test is that it does not see the payload", err)
+	}
+	err = Validate(b)
+	if err == nil || !strings.Contains(err.Error(), "MaxConcurrentStreams") {
+		t.Fatalf("Validate = %v, want the invalid MaxConcurrentStreams inside the Any", err)
+	}
+	js, err := protojson.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseBootstrap(js); err == nil {
+		t.Fatal("ParseBootstrap accepted an invalid Any payload")
+	}
+}
+
+func TestBootstrapContents(t *testing.T) {
+	c := goldenCases[0].config(t)
+	b, err := Bootstrap(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := b.GetNode().GetMetadata().GetFields()
+	for key, want := range map[string]string{
+		"CLUSTER_ID":                      "Kubernetes",
+		"NAME":                            "reviews-v1-6f8d675df4-ml8js",
+		"NAMESPACE":                       "bookinfo",
+		"INSTANCE_IPS":                    "10.244.1.17",
+		"app":                             "reviews", // Istio merges ISTIO_METAJSON_* objects at the top level
+		"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true",
+	} {
+		if got := md[key].GetStringValue(); got != want {
+			t.Errorf("metadata %s = %q, want %q", key, got, want)
+		}
+	}
+	labels := md["LABELS"].GetStructValue().GetFields()
+	if _, ok := labels["pod-template-hash"]; ok {
+		t.Error("LABELS has pod-template-hash")
+	}
+	if got := labels["topology.istio.io/locality"].GetStringValue(); got != "us-east1/us-east1-b" {
+		t.Errorf("locality label = %q", got)
+	}
+	if l := b.GetNode().GetLocality(); l.GetRegion() != "us-east1" || l.GetZone() != "us-east1-b" {
+		t.Errorf("locality = %v", l)
+	}
+	if got := b.GetNode().GetCluster(); got != "reviews.bookinfo" {
+		t.Errorf("cluster = %q, want reviews.bookinfo", got)
+	}
+	if got := md["PROXY_CONFIG"].GetStructValue().GetFields()["terminationDrainDuration"].GetStringValue(); got != "20s" {
+		t.Errorf("PROXY_CONFIG.terminationDrainDuration = %q (the annotation should win)", got)
+	}
+	if got := b.GetDynamicResources().GetAdsConfig().GetApiType(); got != corev3.ApiConfigSource_DELTA_GRPC {
+		t.Errorf("ads api type = %v", got)
+	}
+	paths := map[string]string{}
+	for _, cl := range b.GetStaticResources().GetClusters() {
+		if p := cl.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath(); p != "" {
+			paths[cl.GetName()] = p
+		}
+	}
+	if paths["xds-grpc"] != "./etc/istio/proxy/XDS" || paths["sds-grpc"] != DefaultSDSSocket {
+		t.Errorf("unix socket clusters = %v", paths)
+	}
+	var suffixes, prefixes []string
+	for _, p := range b.GetStatsConfig().GetStatsMatcher().GetInclusionList().GetPatterns() {
+		if s := p.GetSuffix(); s != "" {
+			suffixes = append(suffixes, s)
+		}
+		if s := p.GetPrefix(); s != "" {
+			prefixes = append(prefixes, s)
+		}
+	}
+	if !contains(suffixes, "downstream_cx_active") {
+		t.Errorf("suffixes %v lack downstream_cx_active with EXIT_ON_ZERO_ACTIVE_CONNECTIONS", suffixes)
+	}
+	if !contains(prefixes, "http.10.244.1.17_") || !contains(prefixes, "cluster_manager") {
+		t.Errorf("prefixes %v lack the {pod_ip} substitution or the required ones", prefixes)
+	}
+	ports := map[uint32]string{}
+	for _, l := range b.GetStaticResources().GetListeners() {
+		sa := l.GetAddress().GetSocketAddress()
+		ports[sa.GetPortValue()] = sa.GetAddress()
+	}
+	if ports[15090] != "0.0.0.0" || ports[15021] != "0.0.0.0" {
+		t.Errorf("listeners = %v, want 15090 and 15021 on 0.0.0.0", ports)
+	}
+	if got := b.GetAdmin().GetAddress().GetSocketAddress(); got.GetAddress() != "127.0.0.1" || got.GetPortValue() != 15000 {
+		t.Errorf("admin = %v", got)
+	}
+}
+
+func contains(l []string, s string) bool {
+	for _, v := range l {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBrokenInputFails(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   string
+	}{
+		{"bad ISTIO_METAJSON", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_ANNOTATIONS={"a":`) }, "ISTIO_METAJSON_ANNOTATIONS is not a JSON object"},
+		{"ISTIO_METAJSON not an object", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_X=[1]`) }, "ISTIO_METAJSON_X is not a JSON object"},
+		{"missing pod name", func(c *Config) { c.PodName = "" }, "POD_NAME is not set"},
+		{"missing namespace", func(c *Config) { c.PodNamespace = "" }, "POD_NAMESPACE is not set"},
+		{"bad ip", func(c *Config) { c.IPs = []string{"10.0.0.300"} }, `proxy IP "10.0.0.300"`},
+		{"unsupported type", func(c *Config) { c.Type = "waypoint" }, "not supported by agentd"},
+		{"admin port out of range", func(c *Config) { c.ProxyConfig.ProxyAdminPort = 70000 }, "proxyAdminPort 70000"},
+		{"bad histogram annotation", func(c *Config) { c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = "{" }, "statsHistogramBuckets"},
+		{"eviction not a multiple of flush", func(c *Config) {
+			c.Annotations["sidecar.istio.io/statsFlushInterval"] = "3s"
+			c.Annotations["sidecar.istio.io/statsEvictionInterval"] = "10s"
+		}, "multiple of the stats flush interval"},
+		{"bad connection limit", func(c *Config) {
+			c.ProxyConfig.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "many"}
+		}, "GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"},
+		{"metadata discovery without delta", func(c *Config) { c.MetadataDiscovery, c.DeltaXDS = true, false }, "METADATA_DISCOVERY needs delta"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := goldenCases[0].config(t)
+			tt.modify(c)
+			path := filepath.Join(t.TempDir(), BootstrapFile)
+			err := WriteBootstrap(c, path)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("WriteBootstrap = %v, want an error with %q", err, tt.want)
+			}
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Errorf("a bootstrap was written despite the error")
+			}
+		})
+	}
+}

@@ -1,0 +1,112 @@
+package envoy
+
+import (
+	"errors"
+	"fmt"
+
+	udpav1 "github.com/cncf/xds/go/udpa/type/v1"
+	xdstypev3 "github.com/cncf/xds/go/xds/type/v3"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// istioProxyTypes are extension types that only Istio's Envoy build knows; a TypedStruct of
+// one of them cannot be checked here and is accepted as it is.
+var istioProxyTypes = map[string]bool{
+	"type.googleapis.com/istio.workload.BootstrapExtension": true,
+}
+
+// ParseBootstrap decodes a JSON bootstrap and validates it fully (see Validate).
+func ParseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
+	b := &bootstrapv3.Bootstrap{}
+	if err := protojson.Unmarshal(data, b); err != nil {
+		return nil, fmt.Errorf("decode bootstrap: %w", err)
+	}
+	if err := Validate(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Validate runs the protoc-gen-validate rules of m and of every message packed inside it:
+// Any payloads (which ValidateAll does not enter) and TypedStruct values of known types.
+func Validate(m proto.Message) error {
+	return validateTree(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().Name()))
+}
+
+type allValidator interface{ ValidateAll() error }
+
+func validateTree(m protoreflect.Message, path string) error {
+	if v, ok := m.Interface().(allValidator); ok {
+		if err := v.ValidateAll(); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	var errs []error
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Message() == nil {
+			return true
+		}
+		p := path + "." + string(fd.Name())
+		switch {
+		case fd.IsList():
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				errs = append(errs, validateValue(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i)))
+			}
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				return true
+			}
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				errs = append(errs, validateValue(mv.Message(), fmt.Sprintf("%s[%q]", p, k.String())))
+				return true
+			})
+		default:
+			errs = append(errs, validateValue(v.Message(), p))
+		}
+		return true
+	})
+	return errors.Join(errs...)
+}
+
+// validateValue validates one message, unpacking it first when it is an Any or TypedStruct.
+func validateValue(m protoreflect.Message, path string) error {
+	switch x := m.Interface().(type) {
+	case *anypb.Any:
+		inner, err := x.UnmarshalNew()
+		if err != nil {
+			return fmt.Errorf("%s: unpack %s: %w", path, x.GetTypeUrl(), err)
+		}
+		return validateValue(inner.ProtoReflect(), path+"<"+string(inner.ProtoReflect().Descriptor().FullName())+">")
+	case *udpav1.TypedStruct:
+		return validateTypedStruct(x.GetTypeUrl(), x.GetValue(), path)
+	case *xdstypev3.TypedStruct:
+		return validateTypedStruct(x.GetTypeUrl(), x.GetValue(), path)
+	}
+	return validateTree(m, path)
+}
+
+func validateTypedStruct(typeURL string, value *structpb.Struct, path string) error {
+	mt, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL)
+	if err != nil {
+		if istioProxyTypes[typeURL] {
+			return nil
+		}
+		return fmt.Errorf("%s: TypedStruct of unknown type %s", path, typeURL)
+	}
+	js, err := protojson.Marshal(value)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	inner := mt.New().Interface()
+	if err := protojson.Unmarshal(js, inner); err != nil {
+		return fmt.Errorf("%s: TypedStruct of %s: %w", path, typeURL, err)
+	}
+	return validateValue(inner.ProtoReflect(), path+"<"+string(mt.Descriptor().FullName())+">")
+}
