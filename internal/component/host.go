@@ -72,10 +72,19 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 		if pr != nil && pr.proc != nil {
 			pr.Kill(ctx)
 			<-pr.proc.Done()
+			if exit := pr.proc.Err(); exit != nil {
+				err = fmt.Errorf("%w (helper process: %v)", err, exit)
+			}
 		}
 		return nil, err
 	}
 	p.run = pr
+	// A process that exits on its own (a crash, a kill -9) still holds go-plugin's connection,
+	// broker and bus server: release them.
+	go func() {
+		<-pr.proc.Done()
+		client.Kill()
+	}()
 	return p, nil
 }
 

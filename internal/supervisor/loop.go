@@ -198,7 +198,12 @@ func (s *Supervisor) launch(ctx context.Context, c *child, binary string, timeou
 // stop drains a process, then stops it, each within its deadline; a second SIGTERM (Kill)
 // ends both deadlines at once.
 func (s *Supervisor) stop(c *child, inst Instance) {
-	s.setState(c, Draining)
+	c.mu.Lock()
+	current := c.inst == inst
+	c.mu.Unlock()
+	if current { // not a swap's new process that failed: that one never was the child's state
+		s.setState(c, Draining)
+	}
 	c.log.Info("draining", "pid", inst.Pid())
 	dctx, cancel := context.WithTimeout(s.hard, s.opts.DrainTimeout)
 	if err := inst.Drain(dctx); err != nil {
