@@ -232,6 +232,9 @@ func (r *procRunner) Start(context.Context) error {
 }
 
 func (r *procRunner) Wait(context.Context) error {
+	if r.proc == nil {
+		return errors.New("not started")
+	}
 	<-r.proc.Done()
 	return r.proc.Err()
 }
@@ -250,7 +253,12 @@ func (r *procRunner) Diagnose(context.Context) string {
 func (r *procRunner) Stdout() io.ReadCloser { return r.stdout }
 func (r *procRunner) Stderr() io.ReadCloser { return r.stderr }
 func (r *procRunner) Name() string          { return r.name }
-func (r *procRunner) ID() string            { return strconv.Itoa(r.proc.Pid()) }
+func (r *procRunner) ID() string {
+	if r.proc == nil {
+		return ""
+	}
+	return strconv.Itoa(r.proc.Pid())
+}
 
 func (r *procRunner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
 func (r *procRunner) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
