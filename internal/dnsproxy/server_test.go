@@ -33,7 +33,7 @@ type testUpstream struct {
 
 const bigCount = 40
 
-func startUpstream(t *testing.T) *testUpstream {
+func startUpstream(t testing.TB) *testUpstream {
 	t.Helper()
 	u := &testUpstream{}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
@@ -80,7 +80,7 @@ func startUpstream(t *testing.T) *testUpstream {
 }
 
 // listenPair listens on UDP and TCP on the same random loopback port.
-func listenPair(t *testing.T) (*net.UDPConn, net.Listener) {
+func listenPair(t testing.TB) (*net.UDPConn, net.Listener) {
 	t.Helper()
 	for range 20 {
 		pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

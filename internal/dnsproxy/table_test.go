@@ -73,7 +73,7 @@ func TestTableLookup(t *testing.T) {
 		{"details.ns1.svc.cluster.local.", dns.TypeAAAA, true, []string{}}, // NODATA
 		{"reviews.ns2.svc.cluster.local.", dns.TypeAAAA, true, []string{"reviews.ns2.svc.cluster.local. 30 IN AAAA fd00::2"}},
 		{"reviews.ns2.", dns.TypeA, true, []string{"reviews.ns2. 30 IN A 10.0.0.2"}},
-		{"reviews.", dns.TypeA, false, nil}, // short names only in the proxy's namespace
+		{"reviews.", dns.TypeA, false, nil},                       // short names only in the proxy's namespace
 		{"reviews.ns1.svc.cluster.local.", dns.TypeA, false, nil}, // ns2's service is not in ns1
 		{"ratings.legacy.", dns.TypeA, true, []string{"ratings.legacy. 30 IN A 10.0.0.3"}},
 		{"v6only.", dns.TypeA, true, []string{}},

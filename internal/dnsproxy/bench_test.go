@@ -1,0 +1,121 @@
+package dnsproxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
+)
+
+// bigNameTable has n Kubernetes services in 10 namespaces, each with one IPv4 VIP.
+func bigNameTable(n int) *ndsv1.NameTable {
+	nt := &ndsv1.NameTable{Table: make(map[string]*ndsv1.NameTable_NameInfo, n)}
+	for i := range n {
+		ns := fmt.Sprintf("ns%d", i%10)
+		short := fmt.Sprintf("svc%d", i)
+		nt.Table[short+"."+ns+".svc.cluster.local"] = kube(short, ns, fmt.Sprintf("10.%d.%d.%d", i>>16&0xff, i>>8&0xff, i&0xff))
+	}
+	return nt
+}
+
+func packQuery(b *testing.B, name string, qtype uint16) []byte {
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	pkt, err := m.Pack()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pkt
+}
+
+func BenchmarkNewTable10k(b *testing.B) {
+	nt := bigNameTable(10000)
+	for b.Loop() {
+		NewTable(nt, testNames)
+	}
+}
+
+// BenchmarkFastPath is the in-process cost of a table hit on the fast path.
+func BenchmarkFastPath(b *testing.B) {
+	t := NewTable(bigNameTable(10000), testNames)
+	pkt := packQuery(b, "svc1231.ns1.svc.cluster.local.", dns.TypeA)
+	var f fastScratch
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := f.reply(t, pkt); !ok {
+			b.Fatal("not answered on the fast path")
+		}
+	}
+}
+
+// BenchmarkGeneralPath is the same hit on the general path (unpack, lookup, pack).
+func BenchmarkGeneralPath(b *testing.B) {
+	s, err := NewServer(Config{Names: testNames})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.SetNameTable(bigNameTable(10000))
+	pkt := packQuery(b, "svc1231.ns1.svc.cluster.local.", dns.TypeA)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		req, _ := unpackQuery(pkt)
+		if _, err := s.reply(ctx, req, false).Pack(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkServeUDP measures round trips over loopback: table hits and forwarded names.
+func BenchmarkServeUDP(b *testing.B) {
+	u := startUpstream(b)
+	for _, bc := range []struct{ label, name string }{
+		{"hit", "svc1231.ns1.svc.cluster.local."},
+		{"forwarded", "www.example.net."},
+	} {
+		b.Run(bc.label, func(b *testing.B) {
+			p := startBenchProxy(b, u.addr)
+			pkt := packQuery(b, bc.name, dns.TypeA)
+			b.RunParallel(func(pb *testing.PB) {
+				conn, err := net.Dial("udp", p)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				defer conn.Close()
+				buf := make([]byte, 1500)
+				for pb.Next() {
+					if _, err := conn.Write(pkt); err != nil {
+						b.Error(err)
+						return
+					}
+					if _, err := conn.Read(buf); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+func startBenchProxy(b *testing.B, upstream string) string {
+	s, err := NewServer(Config{Names: testNames, Upstreams: []string{upstream}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.SetNameTable(bigNameTable(10000))
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Serve(ctx, []net.PacketConn{pc}, nil) }()
+	b.Cleanup(func() { cancel(); <-done })
+	return pc.LocalAddr().String()
+}
