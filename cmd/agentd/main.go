@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -27,8 +28,56 @@ func main() {
 			versionCommand(),
 		},
 	}
-	if err := app.Run(os.Args); err != nil {
+	if err := app.Run(flagsFirst(app.Commands, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "agentd:", err)
 		os.Exit(1)
 	}
+}
+
+// flagsFirst moves a command's flags before its positional arguments, so that
+// `agentd swap NAME --binary PATH` parses: urfave/cli stops reading flags at the first argument.
+func flagsFirst(cmds []*cli.Command, args []string) []string {
+	if len(args) < 3 {
+		return args
+	}
+	var cmd *cli.Command
+	for _, c := range cmds {
+		if c.HasName(args[1]) {
+			cmd = c
+		}
+	}
+	if cmd == nil || cmd.SkipFlagParsing {
+		return args
+	}
+	takesValue := map[string]bool{}
+	for _, f := range cmd.Flags {
+		_, isBool := f.(*cli.BoolFlag)
+		for _, n := range f.Names() {
+			takesValue[n] = !isBool
+		}
+	}
+	var flags, positional []string
+	rest := args[2:]
+	for i := 0; i < len(rest); i++ {
+		tok := rest[i]
+		if tok == "--" {
+			positional = append(positional, rest[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(tok, "-") || tok == "-" {
+			positional = append(positional, tok)
+			continue
+		}
+		flags = append(flags, tok)
+		name := strings.TrimLeft(tok, "-")
+		if !strings.Contains(name, "=") && takesValue[name] && i+1 < len(rest) {
+			i++
+			flags = append(flags, rest[i])
+		}
+	}
+	out := append([]string{args[0], args[1]}, flags...)
+	if len(positional) > 0 {
+		out = append(append(out, "--"), positional...)
+	}
+	return out
 }

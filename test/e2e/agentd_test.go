@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/agentd/agentd/internal/control"
+)
+
+var helpers = []string{"sds-server", "xds-proxy", "dns-proxy", "prober"}
+
+func childPids(t *testing.T, st control.Status) map[string]int {
+	t.Helper()
+	pids := map[string]int{}
+	for _, c := range st.Children {
+		pids[c.Name] = c.Pid
+	}
+	return pids
+}
+
+// TestRunStatusAndStop: `agentd run --disable-envoy` starts the four helpers, `agentd status
+// --json` shows them running with exactly the documented fields, and SIGTERM ends every
+// process of the tree with exit status 0.
+func TestRunStatusAndStop(t *testing.T) {
+	a := startAgentd(t, nil, "--disable-envoy")
+	a.WaitReady()
+
+	out, err := a.CLI("status", "--json")
+	if err != nil {
+		t.Fatalf("agentd status --json: %v\n%s", err, out)
+	}
+	var raw struct {
+		Ready    bool             `json:"ready"`
+		Children []map[string]any `json:"children"`
+	}
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, out)
+	}
+	var names []string
+	for _, c := range raw.Children {
+		keys := make([]string, 0, len(c))
+		for k := range c {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if want := "binary,name,pid,restarts,sha256,started_at,state"; strings.Join(keys, ",") != want {
+			t.Errorf("child fields = %v, want exactly %s", keys, want)
+		}
+		if c["state"] != "running" {
+			t.Errorf("%v is %v, want running", c["name"], c["state"])
+		}
+		names = append(names, c["name"].(string))
+	}
+	if !raw.Ready || !slices.Equal(names, helpers) {
+		t.Errorf("status = ready %v children %v, want ready with %v", raw.Ready, names, helpers)
+	}
+	table, err := a.CLI("status")
+	if err != nil || !strings.Contains(table, "dns-proxy") || !strings.Contains(table, "running") {
+		t.Errorf("agentd status table:\n%s (%v)", table, err)
+	}
+
+	st, _ := a.Status()
+	pids := childPids(t, st)
+	a.Signal(syscall.SIGTERM)
+	if code := a.Wait(); code != 0 {
+		t.Errorf("agentd exited %d after SIGTERM, want 0", code)
+	}
+	for name, pid := range pids {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) outlived agentd", name, pid)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(a.Root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
+		t.Errorf("the XDS socket file is left after a clean stop (%v)", err)
+	}
+}
+
+// TestChildrenDieWithAgentd: a kill -9 of agentd leaves no helper behind (parent-death signal).
+func TestChildrenDieWithAgentd(t *testing.T) {
+	a := startAgentd(t, nil, "--disable-envoy")
+	pids := childPids(t, a.WaitReady())
+	a.Signal(syscall.SIGKILL)
+	a.Wait()
+	waitFor(t, "helpers to die with agentd", func() bool {
+		for _, pid := range pids {
+			if alive(pid) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestSwapCommand: `agentd swap` refuses a wrong checksum and changes nothing, then swaps.
+func TestSwapCommand(t *testing.T) {
+	a := startAgentd(t, nil, "--disable-envoy")
+	before := childPids(t, a.WaitReady())
+
+	data, err := os.ReadFile(bin("dns-proxy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched := filepath.Join(t.TempDir(), "dns-proxy")
+	if err := os.WriteFile(patched, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := a.CLI("swap", "dns-proxy", "--binary", patched, "--sha256", strings.Repeat("ab", 32))
+	if err == nil || !strings.Contains(out, "checksum") {
+		t.Fatalf("swap with a wrong checksum: err %v, output %q; want a refusal naming the checksum", err, out)
+	}
+	if now := childPids(t, a.WaitReady()); now["dns-proxy"] != before["dns-proxy"] {
+		t.Fatalf("a refused swap changed dns-proxy's pid %d → %d", before["dns-proxy"], now["dns-proxy"])
+	}
+
+	out, err = a.CLI("swap", "dns-proxy", "--binary", patched, "--sha256", sha256Hex(data))
+	if err != nil {
+		t.Fatalf("swap: %v\n%s", err, out)
+	}
+	st := a.WaitReady()
+	for _, c := range st.Children {
+		if c.Name == "dns-proxy" && (c.Binary != patched || c.Pid == before["dns-proxy"]) {
+			t.Errorf("after swap dns-proxy = %+v, want a new pid running %s", c, patched)
+		}
+	}
+	if alive(before["dns-proxy"]) {
+		t.Errorf("the old dns-proxy (pid %d) still runs after the swap", before["dns-proxy"])
+	}
+}
