@@ -1,7 +1,11 @@
-// Command dns-proxy is agentd's dns-proxy helper, started by agentd as a go-plugin child. For now it is
-// a minimal plugin: it serves the plugin contract and nothing else.
+// Command dns-proxy is agentd's DNS helper: it answers mesh names from Istio's name table and
+// forwards the rest upstream, on the sockets agentd hands down. agentd starts it as a
+// go-plugin child.
 package main
 
-import "github.com/agentd/agentd/internal/component"
+import (
+	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/dnsproxy"
+)
 
-func main() { component.Serve("dns-proxy", component.Minimal) }
+func main() { component.Serve("dns-proxy", dnsproxy.New) }

@@ -1,0 +1,162 @@
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/agentd/agentd/internal/component"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
+)
+
+// The names of the sockets agentd hands down: UDP and TCP on 127.0.0.1, and on ::1 when
+// Istio would listen there too. Each pair is optional, but at least one must be there.
+const (
+	SocketUDP  = "dns-udp"
+	SocketTCP  = "dns-tcp"
+	SocketUDP6 = "dns-udp6"
+	SocketTCP6 = "dns-tcp6"
+)
+
+// DefaultResolvConf is where the upstream nameservers come from unless configured.
+const DefaultResolvConf = "/etc/resolv.conf"
+
+// Helper is dns-proxy as an agentd helper: the server on the inherited sockets, fed with
+// the name tables published on the bus.
+type Helper struct {
+	srv *Server
+	bus *component.Bus
+	log hclog.Logger
+	udp []net.PacketConn
+	tcp []net.Listener
+}
+
+// New builds dns-proxy from its environment: DNSProxyConfig, the inherited sockets and
+// the bus.
+func New(env *component.Env) (component.Helper, error) {
+	var c agentv1.DNSProxyConfig
+	if err := env.UnmarshalConfig(&c); err != nil {
+		return nil, err
+	}
+	cfg, err := ServerConfig(&c)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Log, cfg.Metrics = env.Log, env.Metrics
+	udp, tcp, err := inheritedSockets(env)
+	if err != nil {
+		return nil, err
+	}
+	return NewHelper(cfg, env.Bus, udp, tcp)
+}
+
+// NewHelper returns the helper serving on the given sockets, with tables from bus.
+func NewHelper(cfg Config, bus *component.Bus, udp []net.PacketConn, tcp []net.Listener) (*Helper, error) {
+	srv, err := NewServer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Helper{srv: srv, bus: bus, log: srv.log, udp: udp, tcp: tcp}, nil
+}
+
+// ServerConfig turns the helper's configuration into the server's, reading the resolv.conf.
+func ServerConfig(c *agentv1.DNSProxyConfig) (Config, error) {
+	path := c.GetResolvConf()
+	if path == "" {
+		path = DefaultResolvConf
+	}
+	rc, err := ReadResolvConf(path)
+	if err != nil {
+		return Config{}, err
+	}
+	search := rc.Search
+	if len(c.GetSearchDomains()) > 0 {
+		search = c.GetSearchDomains()
+	}
+	ns := c.GetPodNamespace()
+	domain := c.GetProxyDomain()
+	if domain == "" {
+		domain = ns + ".svc.cluster.local"
+	}
+	return Config{
+		Names:             Names{Namespace: ns, Domain: ProxyDomain(domain, ns), Search: search},
+		Upstreams:         rc.Servers,
+		ForwardTimeout:    c.GetForwardTimeout().AsDuration(),
+		ForwardParallel:   c.GetForwardParallel(),
+		RespondBeforeSync: c.GetRespondBeforeSync(),
+	}, nil
+}
+
+func inheritedSockets(env *component.Env) ([]net.PacketConn, []net.Listener, error) {
+	var udp []net.PacketConn
+	var tcp []net.Listener
+	for _, pair := range [][2]string{{SocketUDP, SocketTCP}, {SocketUDP6, SocketTCP6}} {
+		if env.HasSocket(pair[0]) {
+			pc, err := env.PacketConn(pair[0])
+			if err != nil {
+				return nil, nil, err
+			}
+			udp = append(udp, pc)
+		}
+		if env.HasSocket(pair[1]) {
+			l, err := env.Listener(pair[1])
+			if err != nil {
+				return nil, nil, err
+			}
+			tcp = append(tcp, l)
+		}
+	}
+	if len(udp)+len(tcp) == 0 {
+		return nil, nil, fmt.Errorf("no DNS socket inherited: want %q and %q, or %q and %q", SocketUDP, SocketTCP, SocketUDP6, SocketTCP6)
+	}
+	return udp, tcp, nil
+}
+
+// Run serves DNS and follows the name table until ctx ends.
+func (h *Helper) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return h.srv.Serve(ctx, h.udp, h.tcp) })
+	g.Go(func() error { h.followNameTable(ctx); return nil })
+	return g.Wait()
+}
+
+// Ready returns an error until the first name table, as Istio's readiness does.
+func (h *Helper) Ready() error { return h.srv.Ready() }
+
+// followNameTable subscribes to the name table, again after every broken subscription,
+// until ctx ends. The bus replays the current table first, so a restarted dns-proxy answers
+// from it at once.
+func (h *Helper) followNameTable(ctx context.Context) {
+	backoff := 50 * time.Millisecond
+	for {
+		err := h.bus.Subscribe(ctx, []string{component.TopicNameTable}, h.onNameTable)
+		if ctx.Err() != nil {
+			return
+		}
+		h.log.Warn("name table subscription ended, resubscribing", "error", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (h *Helper) onNameTable(m *agentv1.BusMessage) {
+	var nt ndsv1.NameTable
+	if err := m.GetPayload().UnmarshalTo(&nt); err != nil {
+		h.log.Error("name table", "error", fmt.Errorf("decode bus message %d: %w", m.GetSequence(), err))
+		return
+	}
+	start := time.Now()
+	first := errors.Is(h.srv.Ready(), ErrNoTable)
+	t := h.srv.SetNameTable(&nt)
+	h.log.Info("name table updated", "entries", t.Entries(), "names", t.Len(), "first", first, "build", time.Since(start))
+}
