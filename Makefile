@@ -1,0 +1,25 @@
+# agentd: `make run` starts it locally on the embedded default; `make test` is the test suite.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+BIN     ?= bin
+
+.PHONY: build test run fuzz proto bench
+
+build:
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+test:
+	scripts/test.sh
+
+run: build
+	scripts/run.sh
+
+fuzz:
+	FUZZTIME=$${FUZZTIME:-30s} scripts/fuzz.sh
+
+proto:
+	scripts/gen-proto.sh
+
+bench: build
+	scripts/bench/all.sh
