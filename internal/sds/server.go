@@ -1,0 +1,483 @@
+package sds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/agentd/agentd/internal/caclient"
+)
+
+// Options configures a Server. The zero value serves file resources only.
+type Options struct {
+	// CA signs workload certificates for "default"; nil means no CA (file-mounted
+	// certificates, or files only when another SDS server owns the workload socket).
+	CA Signer
+	// Identity is the SPIFFE id asked for (caclient.SPIFFEID).
+	Identity string
+	// Key says what kind of key to make (WORKLOAD_RSA_KEY_SIZE, ECC_*, PKCS8_KEY).
+	Key caclient.KeyOptions
+	// SecretTTL is the lifetime asked for (SECRET_TTL); default 24h.
+	SecretTTL time.Duration
+	// GraceRatio (SECRET_GRACE_PERIOD_RATIO, default 0.5) and GraceJitter
+	// (SECRET_GRACE_PERIOD_RATIO_JITTER, default 0.01) set when a certificate is rotated.
+	GraceRatio, GraceJitter float64
+	// TrustAnchorsFile, when set, holds the roots every CA answer must chain to.
+	TrustAnchorsFile string
+	// OutputDir receives key.pem, cert-chain.pem and root-cert.pem on every change
+	// (OUTPUT_CERTS); OutputMode is their mode, default 0600.
+	OutputDir  string
+	OutputMode os.FileMode
+	// CertChainFile, KeyFile and RootCertFile, when the files exist and are not empty, serve
+	// "default" and "ROOTCA" instead of the CA (etc/certs, workload-spiffe-credentials).
+	CertChainFile, KeyFile, RootCertFile string
+	// FilesOnly serves file-cert:/file-root: resources only (another SDS server owns the
+	// workload socket).
+	FilesOnly bool
+	// SystemRootFile is what file-root:system serves; default the first OS bundle found.
+	SystemRootFile string
+	// Root is the directory relative paths are under; default the working directory.
+	Root string
+	// FileDebounce groups file events (FILE_DEBOUNCE_DURATION, default 100ms);
+	// FileRetryTimeout is how long files are re-read until they form a valid pair
+	// (default 10s).
+	FileDebounce, FileRetryTimeout time.Duration
+	// GenerateTimeout bounds how long a request waits for a secret (default 10s).
+	GenerateTimeout time.Duration
+	Log             hclog.Logger
+	Metrics         prometheus.Registerer
+}
+
+// Server is an SDS server (SotW and delta) for Istio's resource names. It pushes a changed
+// secret to every client that watches it.
+type Server struct {
+	o       Options
+	log     hclog.Logger
+	m       *metrics
+	mgr     *manager // nil without a CA
+	files   *watcher
+	cache   *cachev3.LinearCache
+	xds     serverv3.Server
+	streams sync.Map // stream id → context
+
+	mu     sync.Mutex
+	served map[string]proto.Message // what is in the cache
+	bundle []byte                   // PCDS trust bundle when there is no CA
+}
+
+// New builds a Server from o.
+func New(o Options) (*Server, error) {
+	if o.SecretTTL <= 0 {
+		o.SecretTTL = 24 * time.Hour
+	}
+	if o.GraceRatio == 0 {
+		o.GraceRatio = 0.5
+	}
+	if o.FileDebounce <= 0 {
+		o.FileDebounce = 100 * time.Millisecond
+	}
+	if o.FileRetryTimeout <= 0 {
+		o.FileRetryTimeout = 10 * time.Second
+	}
+	if o.GenerateTimeout <= 0 {
+		o.GenerateTimeout = 10 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	if o.CA != nil && o.Identity == "" {
+		return nil, errors.New("a CA needs an identity to ask for")
+	}
+	s := &Server{o: o, log: o.Log, served: map[string]proto.Message{}}
+	if o.CA != nil && !o.FilesOnly {
+		s.mgr = &manager{
+			ca: o.CA, identity: o.Identity, key: o.Key, ttl: o.SecretTTL,
+			graceRatio: o.GraceRatio, graceJitter: o.GraceJitter, anchorsFile: s.abs(o.TrustAnchorsFile),
+			out:    &output{dir: s.abs(o.OutputDir), mode: o.OutputMode},
+			log:    o.Log.Named("secrets"),
+			notify: s.refresh, renewNow: make(chan struct{}, 1), first: make(chan struct{}),
+		}
+	}
+	var expiry func() time.Time
+	if s.mgr != nil {
+		expiry = s.mgr.expiry
+	} else {
+		expiry = func() time.Time { return time.Time{} }
+	}
+	s.m = newMetrics(o.Metrics, expiry)
+	if s.mgr != nil {
+		s.mgr.m = s.m
+	}
+	s.files = newWatcher(o.FileDebounce, o.FileRetryTimeout, s.reloadFile, o.Log.Named("files"), s.m)
+	s.cache = cachev3.NewLinearCache(resourcev3.SecretType,
+		cachev3.WithVersionPrefix(time.Now().UTC().Format(time.RFC3339)+"/"),
+		cachev3.WithLogger(xdsLogger{o.Log.Named("xds")}))
+	return s, nil
+}
+
+// OnRetry is the CA client's retry hook: it counts istio_agent_num_outgoing_retries.
+func (s *Server) OnRetry(error) { s.m.retries.WithLabelValues(requestTypeCSR).Inc() }
+
+// Run serves SDS on l, keeps the workload certificate and watches certificate files until
+// ctx ends.
+func (s *Server) Run(ctx context.Context, l net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.xds = serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
+		StreamOpenFunc:         s.open,
+		DeltaStreamOpenFunc:    s.open,
+		StreamClosedFunc:       s.closed,
+		DeltaStreamClosedFunc:  s.closed,
+		StreamRequestFunc:      s.onRequest,
+		StreamDeltaRequestFunc: s.onDeltaRequest,
+	})
+	gs := grpc.NewServer(grpc.MaxConcurrentStreams(100000))
+	secretv3.RegisterSecretDiscoveryServiceServer(gs, service{xds: s.xds})
+
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); errc <- f() }()
+	}
+	run(func() error { return s.files.Run(ctx) })
+	if s.mgr != nil {
+		run(func() error { return s.mgr.Run(ctx) })
+	}
+	run(func() error {
+		if err := gs.Serve(l); err != nil {
+			return fmt.Errorf("serve SDS on %s: %w", l.Addr(), err)
+		}
+		return nil
+	})
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	gs.Stop()
+	wg.Wait()
+	return err
+}
+
+// Ready returns nil once "default" can be served with a valid certificate.
+func (s *Server) Ready() error {
+	switch {
+	case s.o.FilesOnly:
+		return nil
+	case s.workloadFiles():
+		_, _, err := loadPair(s.abs(s.o.CertChainFile), s.abs(s.o.KeyFile))
+		return err
+	case s.mgr != nil:
+		return s.mgr.ready()
+	}
+	return errors.New("no source for the workload certificate: no CA and no certificate files")
+}
+
+// SetTrustBundle sets the extra trust roots (PCDS) that join ROOTCA.
+func (s *Server) SetTrustBundle(pems []string) {
+	b := mergeRoots([]byte(strings.Join(pems, "\n")))
+	if s.mgr != nil {
+		s.mgr.setTrustBundle(b)
+		return
+	}
+	s.mu.Lock()
+	s.bundle = b
+	s.mu.Unlock()
+	s.refresh(ResourceRootCA)
+}
+
+func (s *Server) open(ctx context.Context, id int64, _ string) error {
+	s.streams.Store(id, ctx)
+	return nil
+}
+
+func (s *Server) closed(id int64, _ *corev3.Node) { s.streams.Delete(id) }
+
+func (s *Server) onRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+	return s.ensure(id, req.GetResourceNames())
+}
+
+func (s *Server) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	names := req.GetResourceNamesSubscribe()
+	for n := range req.GetInitialResourceVersions() {
+		names = append(names, n)
+	}
+	return s.ensure(id, names)
+}
+
+// ensure generates every named secret that is not in the cache yet, waiting for it (at most
+// GenerateTimeout) so that the watch the server then opens answers at once. A secret that
+// cannot be generated fails the stream, as Istio does; the client retries.
+func (s *Server) ensure(id int64, names []string) error {
+	ctx := context.Background()
+	if c, ok := s.streams.Load(id); ok {
+		ctx = c.(context.Context)
+	}
+	for _, name := range names {
+		s.mu.Lock()
+		_, ok := s.served[name]
+		s.mu.Unlock()
+		if ok {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(ctx, s.o.GenerateTimeout)
+		sec, err := s.generate(gctx, name, true)
+		cancel()
+		if err != nil {
+			s.log.Warn("cannot serve secret", "resource", name, "error", err)
+			code := codes.Unavailable
+			if errors.Is(err, errNoSource) {
+				code = codes.InvalidArgument
+			}
+			return status.Errorf(code, "secret %q: %v", name, err)
+		}
+		s.publish(name, sec)
+	}
+	return nil
+}
+
+// refresh regenerates a secret that is being served and pushes it if it changed. It does not
+// wait: a served secret's source already holds it.
+func (s *Server) refresh(name string) {
+	s.mu.Lock()
+	_, ok := s.served[name]
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	sec, err := s.generate(context.Background(), name, false)
+	if err != nil {
+		s.log.Warn("cannot refresh secret; keeping the served one", "resource", name, "error", err)
+		return
+	}
+	s.publish(name, sec)
+}
+
+// reloadFile is the watcher's reload: it fails while the files are not valid, so that the
+// watcher retries and the old secret stays.
+func (s *Server) reloadFile(name string) error {
+	s.mu.Lock()
+	_, ok := s.served[name]
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	sec, err := s.generate(context.Background(), name, false)
+	if err != nil {
+		return err
+	}
+	s.publish(name, sec)
+	return nil
+}
+
+func (s *Server) publish(name string, sec *tlsv3.Secret) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.served[name]; ok && proto.Equal(old, sec) {
+		return
+	}
+	s.served[name] = sec
+	if err := s.cache.UpdateResource(name, sec); err != nil {
+		s.log.Error("pushing secret failed", "resource", name, "error", err)
+		return
+	}
+	s.log.Debug("secret pushed", "resource", name)
+}
+
+// generate builds the secret called name. retryFiles re-reads files until they are valid or
+// FileRetryTimeout has passed (a first read may race a writer).
+func (s *Server) generate(ctx context.Context, name string, retryFiles bool) (*tlsv3.Secret, error) {
+	switch name {
+	case ResourceDefault:
+		if s.workloadFiles() {
+			return s.filePair(ctx, name, s.abs(s.o.CertChainFile), s.abs(s.o.KeyFile), retryFiles)
+		}
+		if s.mgr == nil || s.o.FilesOnly {
+			return nil, fmt.Errorf("%w: no CA and no certificate files", errNoSource)
+		}
+		w, err := s.mgr.workload(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return certSecret(name, w.chain, w.key), nil
+	case ResourceRootCA:
+		if s.rootFile() {
+			sec, err := s.fileRoots(ctx, name, s.abs(s.o.RootCertFile), retryFiles)
+			if err != nil {
+				return nil, err
+			}
+			vc := sec.GetValidationContext().GetTrustedCa()
+			return rootSecret(name, mergeRoots(vc.GetInlineBytes(), s.trustBundle())), nil
+		}
+		if s.mgr == nil || s.o.FilesOnly {
+			return nil, fmt.Errorf("%w: no CA and no root file", errNoSource)
+		}
+		roots, err := s.mgr.roots(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return rootSecret(name, roots), nil
+	case ResourceSystem:
+		path := s.o.SystemRootFile
+		if path == "" {
+			path = systemBundle()
+		}
+		if path == "" {
+			return nil, fmt.Errorf("%w: no OS trust bundle found", errNoSource)
+		}
+		return s.fileRoots(ctx, name, path, retryFiles)
+	}
+	f, ok := parseFileResource(name)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: want default, ROOTCA, file-cert:<cert>~<key>, file-root:<ca> or file-root:system", errNoSource)
+	case f.root != "":
+		return s.fileRoots(ctx, name, s.abs(f.root), retryFiles)
+	}
+	return s.filePair(ctx, name, s.abs(f.cert), s.abs(f.key), retryFiles)
+}
+
+func (s *Server) filePair(ctx context.Context, name, cert, key string, retry bool) (*tlsv3.Secret, error) {
+	s.files.add(name, cert, key)
+	var sec *tlsv3.Secret
+	err := s.readFiles(ctx, retry, func() error {
+		chain, k, err := loadPair(cert, key)
+		if err == nil {
+			sec = certSecret(name, chain, k)
+		}
+		return err
+	})
+	return sec, err
+}
+
+func (s *Server) fileRoots(ctx context.Context, name, path string, retry bool) (*tlsv3.Secret, error) {
+	s.files.add(name, path)
+	var sec *tlsv3.Secret
+	err := s.readFiles(ctx, retry, func() error {
+		roots, err := loadRoots(path)
+		if err == nil {
+			sec = rootSecret(name, roots)
+		}
+		return err
+	})
+	return sec, err
+}
+
+// readFiles runs read until it succeeds; with retry, it tries again with backoff from the
+// debounce duration for FileRetryTimeout.
+func (s *Server) readFiles(ctx context.Context, retry bool, read func() error) error {
+	err := read()
+	if err == nil || !retry {
+		if err != nil {
+			s.m.fileSecretFailures.Inc()
+		}
+		return err
+	}
+	deadline := time.Now().Add(s.o.FileRetryTimeout)
+	for delay := s.o.FileDebounce; time.Now().Add(delay).Before(deadline); delay *= 2 {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			s.m.fileSecretFailures.Inc()
+			return err
+		case <-t.C:
+		}
+		if err = read(); err == nil {
+			return nil
+		}
+	}
+	s.m.fileSecretFailures.Inc()
+	return err
+}
+
+// workloadFiles reports whether "default" comes from files: both exist and are not empty,
+// and they are not this server's own OUTPUT_CERTS (it would never rotate).
+func (s *Server) workloadFiles() bool {
+	return s.o.CertChainFile != "" && s.o.KeyFile != "" && !s.isOutput(s.o.CertChainFile) &&
+		nonEmpty(s.abs(s.o.CertChainFile)) && nonEmpty(s.abs(s.o.KeyFile))
+}
+
+func (s *Server) rootFile() bool {
+	return s.o.RootCertFile != "" && !s.isOutput(s.o.RootCertFile) && nonEmpty(s.abs(s.o.RootCertFile))
+}
+
+func (s *Server) isOutput(file string) bool {
+	return s.o.OutputDir != "" && filepath.Clean(filepath.Dir(s.abs(file))) == filepath.Clean(s.abs(s.o.OutputDir))
+}
+
+func (s *Server) trustBundle() []byte {
+	if s.mgr != nil {
+		return s.mgr.trustBundle()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bundle
+}
+
+func (s *Server) abs(p string) string {
+	if p == "" || filepath.IsAbs(p) || s.o.Root == "" {
+		return p
+	}
+	return filepath.Join(s.o.Root, p)
+}
+
+func nonEmpty(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Size() > 0
+}
+
+func systemBundle() string {
+	for _, p := range systemBundles {
+		if nonEmpty(p) {
+			return p
+		}
+	}
+	return ""
+}
+
+// service is the gRPC SDS service: go-control-plane's streams; FetchSecrets is
+// Unimplemented, as Istio's.
+type service struct {
+	secretv3.UnimplementedSecretDiscoveryServiceServer
+	xds serverv3.Server
+}
+
+func (s service) StreamSecrets(st secretv3.SecretDiscoveryService_StreamSecretsServer) error {
+	return s.xds.StreamSecrets(st)
+}
+
+func (s service) DeltaSecrets(st secretv3.SecretDiscoveryService_DeltaSecretsServer) error {
+	return s.xds.DeltaSecrets(st)
+}
+
+// xdsLogger sends go-control-plane's logs to hclog, one level down: its Info lines are
+// per-request noise.
+type xdsLogger struct{ l hclog.Logger }
+
+func (x xdsLogger) Debugf(f string, a ...any) { x.l.Trace(fmt.Sprintf(f, a...)) }
+func (x xdsLogger) Infof(f string, a ...any)  { x.l.Debug(fmt.Sprintf(f, a...)) }
+func (x xdsLogger) Warnf(f string, a ...any)  { x.l.Warn(fmt.Sprintf(f, a...)) }
+func (x xdsLogger) Errorf(f string, a ...any) { x.l.Error(fmt.Sprintf(f, a...)) }
