@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -57,13 +60,24 @@ func New(opts Options) (*Agent, error) {
 		}
 		opts.HelpersDir = filepath.Dir(exe)
 	}
+	// systemd's variables are agentd's own: a child given LISTEN_* or NOTIFY_SOCKET would take
+	// agentd's sockets or speak for it.
+	opts.Env = slices.DeleteFunc(slices.Clone(opts.Env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == "LISTEN_PID" || k == "LISTEN_FDS" || k == "LISTEN_FDNAMES" || k == "NOTIFY_SOCKET"
+	})
 	a := &Agent{opts: opts, log: opts.Log, bus: bus.New(), metrics: prometheus.NewRegistry()}
 	if a.children, err = a.buildChildren(); err != nil {
+		return nil, err
+	}
+	inherited, err := systemdSockets()
+	if err != nil {
 		return nil, err
 	}
 	a.sup, err = supervisor.New(a.children, supervisor.Options{
 		Log:          opts.Log,
 		Root:         opts.Root,
+		Inherited:    inherited,
 		Metrics:      a.metrics,
 		ReadyTimeout: opts.ReadyTimeout,
 		DrainTimeout: opts.DrainTimeout,
@@ -77,8 +91,10 @@ func New(opts Options) (*Agent, error) {
 
 // Run runs agentd until ctx ends, then stops the children in reverse order and returns nil.
 func (a *Agent) Run(ctx context.Context) error {
-	if os.Getpid() == 1 {
-		a.log.Info("running as PID 1: reaping orphans")
+	// Orphans of the tree (a helper's own children) become agentd's to reap, as when it is
+	// PID 1, instead of the host's init's.
+	if err := proc.BecomeSubreaper(); err != nil && os.Getpid() != 1 {
+		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
 	}
 	a.log.Info("starting", "root", a.opts.Root, "helpers", a.opts.HelpersDir, "children", len(a.children))
 	g, gctx := errgroup.WithContext(ctx)
@@ -110,4 +126,18 @@ func (a *Agent) Publish(topic string, payload *anypb.Any) error {
 
 func (a *Agent) Swap(ctx context.Context, name, binary, sha256 string, timeout time.Duration) error {
 	return a.sup.Swap(ctx, name, binary, sha256, timeout)
+}
+
+// systemdSockets returns the sockets systemd handed agentd (agentd.socket), by their
+// FileDescriptorName, which must be the name of the child socket it replaces (xds, sds, dns-udp,
+// dns-tcp, ...). It clears LISTEN_* so that no child inherits them by mistake.
+func systemdSockets() (map[string]*os.File, error) {
+	out := map[string]*os.File{}
+	for name, files := range activation.FilesWithNames() {
+		if len(files) != 1 {
+			return nil, fmt.Errorf("systemd passed %d sockets named %q, want one", len(files), name)
+		}
+		out[name] = files[0]
+	}
+	return out, nil
 }
