@@ -216,6 +216,10 @@ func TestKilledChildIsRestartedOnItsSocket(t *testing.T) {
 	if got := f.servingPid("a"); got != a.Pid {
 		t.Fatalf("a's socket served by pid %d, want %d", got, a.Pid)
 	}
+	// The helper's own JSON log line, re-logged under its name at its level.
+	if want := fmt.Sprintf("[WARN]  a: serving: pid=%d", a.Pid); !strings.Contains(f.logs.String(), want) {
+		t.Errorf("log has no %q:\n%s", want, f.logs.String())
+	}
 
 	if err := syscall.Kill(a.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

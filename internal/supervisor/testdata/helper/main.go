@@ -57,6 +57,7 @@ func newHelper(mode string) component.Factory {
 }
 
 func (h *helper) Run(ctx context.Context) error {
+	h.env.Log.Warn("serving", "pid", os.Getpid())
 	if h.env.HasSocket("echo") {
 		l, err := h.env.Listener("echo")
 		if err != nil {
