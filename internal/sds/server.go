@@ -386,14 +386,11 @@ func (s *Server) fileRoots(ctx context.Context, name, path string, retry bool) (
 }
 
 // readFiles runs read until it succeeds; with retry, it tries again with backoff from the
-// debounce duration for FileRetryTimeout.
+// debounce duration for FileRetryTimeout, and counts a failure when it gives up.
 func (s *Server) readFiles(ctx context.Context, retry bool, read func() error) error {
 	err := read()
 	if err == nil || !retry {
-		if err != nil {
-			s.m.fileSecretFailures.Inc()
-		}
-		return err
+		return err // a watcher reload counts its failure when it gives up
 	}
 	deadline := time.Now().Add(s.o.FileRetryTimeout)
 	for delay := s.o.FileDebounce; time.Now().Add(delay).Before(deadline); delay *= 2 {
