@@ -78,7 +78,9 @@ func kubeletPublish(t *testing.T, dir string, gen int, files map[string][]byte) 
 	}
 }
 
-func certOf(s *tlsv3.Secret) []byte { return s.GetTlsCertificate().GetCertificateChain().GetInlineBytes() }
+func certOf(s *tlsv3.Secret) []byte {
+	return s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
+}
 func rootsOf(s *tlsv3.Secret) []byte {
 	return s.GetValidationContext().GetTrustedCa().GetInlineBytes()
 }
