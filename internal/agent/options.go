@@ -20,8 +20,12 @@ type Options struct {
 	EnvoyBinary string
 	// DiscoveryAddress is the upstream xDS server (ProxyConfig discoveryAddress).
 	DiscoveryAddress string
-	// DNSAddress is where dns-proxy listens, UDP and TCP (Istio: DNS_PROXY_ADDR).
+	// DNSAddress is where dns-proxy listens, UDP and TCP (Istio: DNS_PROXY_ADDR, default
+	// localhost:15053: 127.0.0.1 and/or ::1 by the resolv.conf's nameserver families).
 	DNSAddress string
+	// ResolvConf holds dns-proxy's upstream nameservers and search list (default
+	// /etc/resolv.conf).
+	ResolvConf string
 	// StatusPort is the status server's port (ProxyConfig statusPort).
 	StatusPort int
 	// Env is the environment agentd was started with, as os.Environ returns it; the helpers'

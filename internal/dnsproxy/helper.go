@@ -2,7 +2,6 @@ package dnsproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -90,6 +89,7 @@ func ServerConfig(c *agentv1.DNSProxyConfig) (Config, error) {
 		ForwardTimeout:    c.GetForwardTimeout().AsDuration(),
 		ForwardParallel:   c.GetForwardParallel(),
 		RespondBeforeSync: c.GetRespondBeforeSync(),
+		ReadyWithoutTable: c.GetReadyWithoutTable(),
 	}, nil
 }
 
@@ -156,7 +156,7 @@ func (h *Helper) onNameTable(m *agentv1.BusMessage) {
 		return
 	}
 	start := time.Now()
-	first := errors.Is(h.srv.Ready(), ErrNoTable)
+	first := h.srv.table.Load() == nil
 	t := h.srv.SetNameTable(&nt)
 	h.log.Info("name table updated", "entries", t.Entries(), "names", t.Len(), "first", first, "build", time.Since(start))
 }
