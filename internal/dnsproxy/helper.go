@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,14 +27,21 @@ const (
 // DefaultResolvConf is where the upstream nameservers come from unless configured.
 const DefaultResolvConf = "/etc/resolv.conf"
 
+// tableGrace is how long a starting dns-proxy leaves queries in the socket's queue while it
+// waits for the bus to replay the current name table, so that a restarted process answers
+// its first query from that table. A first start with no table yet then answers SERVFAIL.
+const tableGrace = time.Second
+
 // Helper is dns-proxy as an agentd helper: the server on the inherited sockets, fed with
 // the name tables published on the bus.
 type Helper struct {
-	srv *Server
-	bus *component.Bus
-	log hclog.Logger
-	udp []net.PacketConn
-	tcp []net.Listener
+	srv        *Server
+	bus        *component.Bus
+	log        hclog.Logger
+	udp        []net.PacketConn
+	tcp        []net.Listener
+	firstTable chan struct{} // closed at the first name table
+	once       sync.Once
 }
 
 // New builds dns-proxy from its environment: DNSProxyConfig, the inherited sockets and
@@ -61,7 +69,7 @@ func NewHelper(cfg Config, bus *component.Bus, udp []net.PacketConn, tcp []net.L
 	if err != nil {
 		return nil, err
 	}
-	return &Helper{srv: srv, bus: bus, log: srv.log, udp: udp, tcp: tcp}, nil
+	return &Helper{srv: srv, bus: bus, log: srv.log, udp: udp, tcp: tcp, firstTable: make(chan struct{})}, nil
 }
 
 // ServerConfig turns the helper's configuration into the server's, reading the resolv.conf.
@@ -118,12 +126,29 @@ func inheritedSockets(env *component.Env) ([]net.PacketConn, []net.Listener, err
 	return udp, tcp, nil
 }
 
-// Run serves DNS and follows the name table until ctx ends.
+// Run serves DNS and follows the name table until ctx ends. Unless answers before the first
+// table are wanted, serving starts at the first table or after tableGrace.
 func (h *Helper) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return h.srv.Serve(ctx, h.udp, h.tcp) })
+	g.Go(func() error {
+		if !h.srv.cfg.RespondBeforeSync && !h.srv.cfg.ReadyWithoutTable {
+			h.waitFirstTable(ctx)
+		}
+		return h.srv.Serve(ctx, h.udp, h.tcp)
+	})
 	g.Go(func() error { h.followNameTable(ctx); return nil })
 	return g.Wait()
+}
+
+func (h *Helper) waitFirstTable(ctx context.Context) {
+	t := time.NewTimer(tableGrace)
+	defer t.Stop()
+	select {
+	case <-h.firstTable:
+	case <-t.C:
+		h.log.Info("no name table yet: answering SERVFAIL until it comes")
+	case <-ctx.Done():
+	}
 }
 
 // Ready returns an error until the first name table, as Istio's readiness does.
@@ -158,5 +183,6 @@ func (h *Helper) onNameTable(m *agentv1.BusMessage) {
 	start := time.Now()
 	first := h.srv.table.Load() == nil
 	t := h.srv.SetNameTable(&nt)
+	h.once.Do(func() { close(h.firstTable) })
 	h.log.Info("name table updated", "entries", t.Entries(), "names", t.Len(), "first", first, "build", time.Since(start))
 }

@@ -155,11 +155,26 @@ func TestHelperFollowsNameTable(t *testing.T) {
 	b.publish(t, oneService("10.0.0.2"))
 	eventually(t, "the updated table", func() bool { return slices.Equal(lookup("udp"), []string{"details. a 10.0.0.2"}) })
 
-	// A restarted helper on the same sockets answers from the retained table at once.
+	// A restarted helper on the same sockets answers from the retained table at once, also
+	// the query that waited in the socket's queue while no helper ran.
 	stop()
 	b.publish(t, oneService("10.0.0.3")) // while no helper runs
+	queued := make(chan []string, 1)
+	go func() {
+		m := new(dns.Msg).SetQuestion("details.", dns.TypeA)
+		resp, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(m, addr)
+		if err != nil {
+			queued <- []string{err.Error()}
+			return
+		}
+		queued <- answerStrings(resp)
+	}()
+	time.Sleep(50 * time.Millisecond) // let the query reach the queue first; either order must pass
 	pc2, l2 := dupSockets(t, pc, l)
 	h2, _ := runHelper(t, Config{Names: testNames}, b.client(t), pc2, l2)
+	if got := <-queued; !slices.Equal(got, []string{"details. a 10.0.0.3"}) {
+		t.Errorf("query queued while no helper ran: %q, want the table published meanwhile", got)
+	}
 	eventually(t, "the restarted helper's readiness", func() bool { return h2.Ready() == nil })
 	for _, network := range []string{"udp", "tcp"} {
 		if got := lookup(network); !slices.Equal(got, []string{"details. a 10.0.0.3"}) {
