@@ -34,41 +34,50 @@ func ParseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 }
 
 // Validate runs the protoc-gen-validate rules of m and of every message packed inside it:
-// Any payloads (which ValidateAll does not enter) and TypedStruct values of known types.
+// Any payloads (which ValidateAll does not enter) and TypedStruct values of known types. A
+// payload of a type this binary does not know is an error.
 func Validate(m proto.Message) error {
-	return validateTree(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().Name()))
+	return validator{}.tree(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().Name()))
 }
+
+// ValidateKnown is Validate, except that payloads of types this binary does not know (Istio's
+// own filters, extensions not compiled in) are accepted unchecked.
+func ValidateKnown(m proto.Message) error {
+	return validator{allowUnknown: true}.tree(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().Name()))
+}
+
+type validator struct{ allowUnknown bool }
 
 type allValidator interface{ ValidateAll() error }
 
-func validateTree(m protoreflect.Message, path string) error {
-	if v, ok := m.Interface().(allValidator); ok {
-		if err := v.ValidateAll(); err != nil {
+func (v validator) tree(m protoreflect.Message, path string) error {
+	if av, ok := m.Interface().(allValidator); ok {
+		if err := av.ValidateAll(); err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
 	}
 	var errs []error
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	m.Range(func(fd protoreflect.FieldDescriptor, fv protoreflect.Value) bool {
 		if fd.Message() == nil {
 			return true
 		}
 		p := path + "." + string(fd.Name())
 		switch {
 		case fd.IsList():
-			l := v.List()
+			l := fv.List()
 			for i := 0; i < l.Len(); i++ {
-				errs = append(errs, validateValue(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i)))
+				errs = append(errs, v.value(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i)))
 			}
 		case fd.IsMap():
 			if fd.MapValue().Message() == nil {
 				return true
 			}
-			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				errs = append(errs, validateValue(mv.Message(), fmt.Sprintf("%s[%q]", p, k.String())))
+			fv.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				errs = append(errs, v.value(mv.Message(), fmt.Sprintf("%s[%q]", p, k.String())))
 				return true
 			})
 		default:
-			errs = append(errs, validateValue(v.Message(), p))
+			errs = append(errs, v.value(fv.Message(), p))
 		}
 		return true
 	})
@@ -76,26 +85,29 @@ func validateTree(m protoreflect.Message, path string) error {
 }
 
 // validateValue validates one message, unpacking it first when it is an Any or TypedStruct.
-func validateValue(m protoreflect.Message, path string) error {
+func (v validator) value(m protoreflect.Message, path string) error {
 	switch x := m.Interface().(type) {
 	case *anypb.Any:
 		inner, err := x.UnmarshalNew()
+		if v.allowUnknown && errors.Is(err, protoregistry.NotFound) {
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("%s: unpack %s: %w", path, x.GetTypeUrl(), err)
 		}
-		return validateValue(inner.ProtoReflect(), path+"<"+string(inner.ProtoReflect().Descriptor().FullName())+">")
+		return v.value(inner.ProtoReflect(), path+"<"+string(inner.ProtoReflect().Descriptor().FullName())+">")
 	case *udpav1.TypedStruct:
-		return validateTypedStruct(x.GetTypeUrl(), x.GetValue(), path)
+		return v.typedStruct(x.GetTypeUrl(), x.GetValue(), path)
 	case *xdstypev3.TypedStruct:
-		return validateTypedStruct(x.GetTypeUrl(), x.GetValue(), path)
+		return v.typedStruct(x.GetTypeUrl(), x.GetValue(), path)
 	}
-	return validateTree(m, path)
+	return v.tree(m, path)
 }
 
-func validateTypedStruct(typeURL string, value *structpb.Struct, path string) error {
+func (v validator) typedStruct(typeURL string, value *structpb.Struct, path string) error {
 	mt, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL)
 	if err != nil {
-		if istioProxyTypes[typeURL] {
+		if istioProxyTypes[typeURL] || v.allowUnknown {
 			return nil
 		}
 		return fmt.Errorf("%s: TypedStruct of unknown type %s", path, typeURL)
@@ -108,5 +120,5 @@ func validateTypedStruct(typeURL string, value *structpb.Struct, path string) er
 	if err := protojson.Unmarshal(js, inner); err != nil {
 		return fmt.Errorf("%s: TypedStruct of %s: %w", path, typeURL, err)
 	}
-	return validateValue(inner.ProtoReflect(), path+"<"+string(mt.Descriptor().FullName())+">")
+	return v.value(inner.ProtoReflect(), path+"<"+string(mt.Descriptor().FullName())+">")
 }

@@ -1,0 +1,416 @@
+package envoy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/agentd/agentd/internal/proc"
+	"github.com/agentd/agentd/internal/supervisor"
+)
+
+// ProcessOptions are how agentd runs one Envoy process and ends it.
+type ProcessOptions struct {
+	Args []string // Envoy's arguments (see Args)
+	Dir  string   // working directory: the root Istio's relative paths are under
+	Env  []string // Envoy's environment (Istio passes its own)
+
+	AdminHost string // the admin API's host (the bootstrap's localhost)
+	AdminPort int    // ProxyConfig proxyAdminPort
+
+	// InboundOnly drains only inbound listeners: sidecars (gateways drain all).
+	InboundOnly bool
+	// TerminationDrainDuration is how long Drain waits after asking Envoy to drain
+	// (ProxyConfig terminationDrainDuration, Istio's default 5 s).
+	TerminationDrainDuration time.Duration
+	// ExitOnZeroActiveConnections makes Drain wait MinimumDrainDuration and then until
+	// Envoy's listeners have no active downstream connection left, instead of
+	// TerminationDrainDuration (Istio: EXIT_ON_ZERO_ACTIVE_CONNECTIONS).
+	ExitOnZeroActiveConnections bool
+	MinimumDrainDuration        time.Duration // Istio: MINIMUM_DRAIN_DURATION, default 5 s
+	// MaxDrainDuration bounds the wait for zero connections (Istio has none; 0: only the
+	// caller's deadline).
+	MaxDrainDuration time.Duration
+	// ExcludedListeners are the downstream_cx_active stats never counted (IstioListenerStats).
+	ExcludedListeners map[string]bool
+	// PollInterval is how often active connections are counted (default 1 s, as Istio).
+	PollInterval time.Duration
+
+	// Prepare runs before each start, e.g. to write the bootstrap; Cleanup after each exit.
+	Prepare func() error
+	Cleanup func()
+
+	Log hclog.Logger // Envoy's output lines and the lifecycle steps
+}
+
+// Launch returns the supervisor's constructor of Envoy processes.
+func Launch(o ProcessOptions) supervisor.Launch {
+	return func(ctx context.Context, binary string, _ []*os.File) (supervisor.Instance, error) {
+		return Start(binary, o)
+	}
+}
+
+// Process is one running Envoy: a supervisor.Instance.
+type Process struct {
+	o     ProcessOptions
+	p     *proc.Process
+	admin *Admin
+	log   hclog.Logger
+	done  chan struct{}
+
+	mu         sync.Mutex
+	configSeen bool // CDS and LDS accepted once; cached, as Istio's probe does
+	live       bool // LIVE with workers started once
+	skipDrain  bool // DrainNow was called: the next Drain returns at once
+}
+
+// Start starts Envoy from binary in its own process group, with SIGKILL as its
+// parent-death signal, its output logged line by line.
+func Start(binary string, o ProcessOptions) (*Process, error) {
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = time.Second
+	}
+	if o.Prepare != nil {
+		if err := o.Prepare(); err != nil {
+			return nil, err
+		}
+	}
+	// A plain pipe, not an io.Writer: os/exec would wait for every holder of the pipe (a
+	// process Envoy started) before reporting Envoy's exit.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start envoy: %w", err)
+	}
+	cmd := exec.Command(binary, o.Args...)
+	cmd.Dir, cmd.Env = o.Dir, o.Env
+	cmd.Stdout, cmd.Stderr = pw, pw
+	o.Log.Info("Envoy command", "binary", binary, "args", strings.Join(o.Args, " "))
+	p, err := proc.Start(cmd)
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		if o.Cleanup != nil {
+			o.Cleanup()
+		}
+		return nil, fmt.Errorf("start envoy %s: %w", binary, err)
+	}
+	e := &Process{o: o, p: p, admin: NewAdmin(o.AdminHost, o.AdminPort), log: o.Log, done: make(chan struct{})}
+	out := &lineLogger{log: o.Log}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		io.Copy(out, pr)
+		out.flush()
+	}()
+	go e.wait(pr, copied)
+	return e, nil
+}
+
+// wait reports Envoy's exit once its output is logged (or, if something it started still
+// holds the pipe, shortly after).
+func (e *Process) wait(pr *os.File, copied <-chan struct{}) {
+	<-e.p.Done()
+	select {
+	case <-copied:
+	case <-time.After(200 * time.Millisecond):
+		pr.Close()
+		<-copied
+	}
+	switch err := e.p.Err(); {
+	case err == nil:
+		e.log.Info("Envoy exited normally", "pid", e.Pid())
+	case err.Error() == "signal: killed":
+		e.log.Warn("Envoy exited with error; it may have been killed for using too much memory", "pid", e.Pid(), "error", err)
+	default:
+		e.log.Error("Envoy exited with error", "pid", e.Pid(), "error", err)
+	}
+	if e.o.Cleanup != nil {
+		e.o.Cleanup()
+	}
+	close(e.done)
+}
+
+// Pid is Envoy's process id.
+func (e *Process) Pid() int { return e.p.Pid() }
+
+// Exited is closed once Envoy has exited and its output has been logged.
+func (e *Process) Exited() <-chan struct{} { return e.done }
+
+// Err is how Envoy exited.
+func (e *Process) Err() error { return e.p.Err() }
+
+// Admin is the client of this Envoy's admin API.
+func (e *Process) Admin() *Admin { return e.admin }
+
+// Ready is Istio's judgement of Envoy: CDS and LDS updates accepted, then the server LIVE
+// with its workers started. Each step is remembered once it has passed.
+func (e *Process) Ready(ctx context.Context) error {
+	e.mu.Lock()
+	seen, live := e.configSeen, e.live
+	e.mu.Unlock()
+	if !seen {
+		if err := e.admin.CheckConfigReceived(ctx); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.configSeen = true
+		e.mu.Unlock()
+	}
+	if !live {
+		if err := e.admin.CheckLive(ctx); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.live = true
+		e.mu.Unlock()
+	}
+	return nil
+}
+
+// Metrics is Envoy's /stats/prometheus.
+func (e *Process) Metrics(ctx context.Context) ([]byte, error) { return e.admin.Prometheus(ctx) }
+
+// DrainNow drains Envoy's listeners at once and keeps it running afterwards (skip_exit), and
+// makes the next Drain return at once: Istio's /drain (native sidecars' preStop).
+func (e *Process) DrainNow(ctx context.Context) error {
+	e.mu.Lock()
+	e.skipDrain = true
+	e.mu.Unlock()
+	e.log.Info("draining Envoy now; the coming stop will not drain again")
+	return e.admin.DrainListeners(ctx, e.o.InboundOnly, true)
+}
+
+// SkipDrain makes the next Drain return at once: Istio's /quitquitquit.
+func (e *Process) SkipDrain() {
+	e.mu.Lock()
+	e.skipDrain = true
+	e.mu.Unlock()
+}
+
+// Drain is Istio's graceful termination: ask Envoy to drain its listeners gracefully, then
+// wait the termination drain duration, or, with ExitOnZeroActiveConnections, the minimum drain
+// duration and then until no downstream connection is left (bounded by MaxDrainDuration). It
+// returns early when Envoy exits or ctx ends; Envoy keeps running.
+func (e *Process) Drain(ctx context.Context) error {
+	e.mu.Lock()
+	skip := e.skipDrain
+	e.mu.Unlock()
+	if skip {
+		e.log.Info("skipping drain")
+		return nil
+	}
+	e.log.Info("draining Envoy's listeners", "inbound_only", e.o.InboundOnly)
+	if err := e.admin.DrainListeners(ctx, e.o.InboundOnly, false); err != nil {
+		e.log.Warn("error in invoking drain listeners endpoint", "error", err)
+	}
+	if !e.o.ExitOnZeroActiveConnections {
+		e.log.Info("graceful termination period, starting", "duration", e.o.TerminationDrainDuration)
+		if !e.sleep(ctx, e.o.TerminationDrainDuration) {
+			return e.drainCut(ctx)
+		}
+		e.log.Info("graceful termination period complete")
+		return nil
+	}
+	if e.o.MaxDrainDuration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.o.MaxDrainDuration)
+		defer cancel()
+	}
+	e.log.Info("draining for the minimum drain duration, then waiting for active connections to end", "duration", e.o.MinimumDrainDuration)
+	if !e.sleep(ctx, e.o.MinimumDrainDuration) {
+		return e.drainCut(ctx)
+	}
+	return e.waitZeroConnections(ctx)
+}
+
+// waitZeroConnections polls downstream_cx_active until it is zero, the stat is missing, or
+// five polls in a row fail.
+func (e *Process) waitZeroConnections(ctx context.Context) error {
+	e.log.Info("checking for active connections")
+	failures := 0
+	for {
+		n, ok, err := e.admin.ActiveConnections(ctx, e.o.ExcludedListeners)
+		switch {
+		case err != nil:
+			failures++
+			e.log.Warn("unable to get listener stats from Envoy", "error", err, "failures", failures)
+			if failures >= 5 {
+				return nil
+			}
+		case !ok:
+			e.log.Info("downstream_cx_active is not available: no connection was established yet or the stat is not enabled; skipping the active connections check")
+			return nil
+		case n == 0:
+			e.log.Info("there are no more active connections")
+			return nil
+		default:
+			failures = 0
+			e.log.Info("there are still active connections", "active", n)
+		}
+		if !e.sleep(ctx, e.o.PollInterval) {
+			return e.drainCut(ctx)
+		}
+	}
+}
+
+// drainCut explains why a drain wait ended early.
+func (e *Process) drainCut(ctx context.Context) error {
+	select {
+	case <-e.done:
+		e.log.Info("Envoy exited while draining")
+		return nil
+	default:
+	}
+	return fmt.Errorf("drain cut short: %w", context.Cause(ctx))
+}
+
+// sleep waits d; false when ctx ended or Envoy exited first.
+func (e *Process) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-e.done:
+		return false
+	}
+}
+
+// Stop ends Envoy, each step only if the one before did not: POST /quitquitquit and wait
+// half of the remaining time (at most 5 s), SIGTERM and wait until ctx ends, then SIGKILL
+// of its process group. It returns once Envoy has exited.
+func (e *Process) Stop(ctx context.Context) error {
+	steps := []struct {
+		name string
+		do   func() error
+		wait func() time.Duration
+	}{
+		{"POST /quitquitquit", func() error {
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			return e.admin.Quit(qctx)
+		}, func() time.Duration { return min(remaining(ctx)/2, 5*time.Second) }},
+		{"SIGTERM", func() error { return e.p.Signal(syscall.SIGTERM) }, func() time.Duration { return remaining(ctx) }},
+	}
+	for _, s := range steps {
+		select {
+		case <-e.done:
+			return nil
+		default:
+		}
+		e.log.Info("stopping Envoy", "step", s.name, "pid", e.Pid())
+		if err := s.do(); err != nil {
+			e.log.Warn("stop step failed", "step", s.name, "error", err)
+		} else if e.waitExit(ctx, s.wait()) {
+			return nil
+		}
+	}
+	select {
+	case <-e.done:
+		return nil
+	default:
+	}
+	e.log.Warn("stopping Envoy", "step", "SIGKILL", "pid", e.Pid())
+	if err := e.p.Kill(); err != nil {
+		return err
+	}
+	<-e.done
+	return errors.New("envoy did not stop in time and was killed")
+}
+
+func (e *Process) waitExit(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-e.done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// remaining is the time left before ctx's deadline; a day when it has none.
+func remaining(ctx context.Context) time.Duration {
+	if ctx.Err() != nil {
+		return 0
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl)
+	}
+	return 24 * time.Hour
+}
+
+// lineLogger logs Envoy's output line by line at the level Envoy printed.
+type lineLogger struct {
+	log hclog.Logger
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.line(string(l.buf[:i]))
+		l.buf = l.buf[i+1:]
+	}
+	if len(l.buf) > 64<<10 { // a line without end: log what there is
+		l.line(string(l.buf))
+		l.buf = l.buf[:0]
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > 0 {
+		l.line(string(l.buf))
+		l.buf = nil
+	}
+}
+
+// line logs one line; Envoy's default format carries its level as "[level]".
+func (l *lineLogger) line(s string) {
+	s = strings.TrimRight(s, "\r")
+	if s == "" {
+		return
+	}
+	level := hclog.Info
+	for _, lv := range []struct {
+		tag   string
+		level hclog.Level
+	}{{"[trace]", hclog.Trace}, {"[debug]", hclog.Debug}, {"[warning]", hclog.Warn}, {"[error]", hclog.Error}, {"[critical]", hclog.Error}} {
+		if strings.Contains(s, lv.tag) {
+			level = lv.level
+			break
+		}
+	}
+	l.log.Log(level, s)
+}
