@@ -17,8 +17,10 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -192,22 +194,28 @@ type fakeUpstream struct {
 	mu       sync.Mutex
 	streams  int
 	headers  []metadata.MD
-	requests []*frame         // every request received, in order
-	send     chan []byte      // responses to send on the current stream
-	kill     chan struct{}    // ends the current stream with an error
-	recv     chan *frame      // every request, as it arrives
-	opened   chan metadata.MD // each new stream's headers
+	requests []*frame          // every request received, in order
+	send     chan []byte       // responses to send on the current stream
+	kill     chan struct{}     // ends the current stream with an error
+	recv     chan *frame       // every request, as it arrives
+	opened   chan openedStream // each new stream
 }
 
-func startFakeUpstream(t testing.TB) *fakeUpstream {
+// openedStream is what the upstream saw of a new stream.
+type openedStream struct {
+	md          metadata.MD
+	clientCerts int // certificates the client presented over TLS
+}
+
+func startFakeUpstream(t testing.TB, opts ...grpc.ServerOption) *fakeUpstream {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := &fakeUpstream{addr: l.Addr().String(), send: make(chan []byte, 16), kill: make(chan struct{}, 1),
-		recv: make(chan *frame, 1000), opened: make(chan metadata.MD, 16)}
-	g := grpc.NewServer(grpc.ForceServerCodecV2(codec{}), grpc.UnknownServiceHandler(u.handle))
+		recv: make(chan *frame, 1000), opened: make(chan openedStream, 16)}
+	g := grpc.NewServer(append(opts, grpc.ForceServerCodecV2(codec{}), grpc.UnknownServiceHandler(u.handle))...)
 	serveGRPC(t, g, l)
 	return u
 }
@@ -218,7 +226,13 @@ func (u *fakeUpstream) handle(_ any, ss grpc.ServerStream) error {
 	u.streams++
 	u.headers = append(u.headers, md)
 	u.mu.Unlock()
-	u.opened <- md
+	o := openedStream{md: md}
+	if p, ok := peer.FromContext(ss.Context()); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			o.clientCerts = len(info.State.PeerCertificates)
+		}
+	}
+	u.opened <- o
 	method, _ := grpc.MethodFromServerStream(ss)
 	field := sotw.requestTypeURL
 	if strings.HasSuffix(method, "DeltaAggregatedResources") {

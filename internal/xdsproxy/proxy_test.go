@@ -297,7 +297,7 @@ func TestUpstreamHeaders(t *testing.T) {
 	for _, want := range []string{"token-1", "token-2"} {
 		s := flavours[0].open(t, client)
 		s.subscribe(t, resourcev3.ListenerType, testNode("n", "envoy"))
-		md := <-up.opened
+		md := (<-up.opened).md
 		for k, v := range map[string]string{"clusterid": "cluster-a", "x-team": "mesh", "authorization": "Bearer " + want} {
 			if got := md.Get(k); len(got) != 1 || got[0] != v {
 				t.Errorf("upstream header %s = %v, want %q", k, got, v)
