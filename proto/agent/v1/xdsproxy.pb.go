@@ -21,9 +21,36 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// XDSProxyConfig is the configuration agentd hands to the xdsproxy helper in Configure.
+// XDSProxyConfig is the configuration agentd hands to the xdsproxy helper in Configure. The
+// socket is inherited: "xds" (Istio's etc/istio/proxy/XDS, mode 0666). Paths are absolute.
 type XDSProxyConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The control plane, host:port (ProxyConfig discoveryAddress).
+	DiscoveryAddress string `protobuf:"bytes,1,opt,name=discovery_address,json=discoveryAddress,proto3" json:"discovery_address,omitempty"`
+	// Sent upstream as the ClusterID header (ISTIO_META_CLUSTER_ID).
+	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// More upstream headers, from XDS_HEADER_<name>=value.
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// TLS towards the control plane: false only for controlPlaneAuthPolicy NONE.
+	Tls bool `protobuf:"varint,4,opt,name=tls,proto3" json:"tls,omitempty"`
+	// The PEM roots the control plane's certificate is checked against, resolved as Istio
+	// resolves its xDS root (XDS_ROOT_CA, ...); empty means the system roots.
+	RootCert string `protobuf:"bytes,5,opt,name=root_cert,json=rootCert,proto3" json:"root_cert,omitempty"`
+	// The name the control plane's certificate must carry (ISTIOD_SAN); empty: the host of
+	// discovery_address ("localhost" meaning istiod.istio-system.svc).
+	IstiodSan string `protobuf:"bytes,6,opt,name=istiod_san,json=istiodSan,proto3" json:"istiod_san,omitempty"`
+	// A client certificate towards the control plane (PROV_CERT, file-mounted certificates).
+	CertChain string `protobuf:"bytes,7,opt,name=cert_chain,json=certChain,proto3" json:"cert_chain,omitempty"`
+	Key       string `protobuf:"bytes,8,opt,name=key,proto3" json:"key,omitempty"`
+	// The JWT sent as "authorization: Bearer", read for every stream; a missing file sends
+	// none (Istio's var/run/secrets/tokens/istio-token).
+	TokenPath string `protobuf:"bytes,9,opt,name=token_path,json=tokenPath,proto3" json:"token_path,omitempty"`
+	// Ask for NDS once a client's first LDS request has passed, and publish the name table on
+	// the bus (Istio does when its DNS proxy is on).
+	NameTable bool `protobuf:"varint,10,opt,name=name_table,json=nameTable,proto3" json:"name_table,omitempty"`
+	// Ask for PCDS the same way and publish its CA certificates as the trust bundle
+	// (PROXY_CONFIG_XDS_AGENT).
+	ProxyConfig   bool `protobuf:"varint,11,opt,name=proxy_config,json=proxyConfig,proto3" json:"proxy_config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -58,12 +85,109 @@ func (*XDSProxyConfig) Descriptor() ([]byte, []int) {
 	return file_agent_v1_xdsproxy_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *XDSProxyConfig) GetDiscoveryAddress() string {
+	if x != nil {
+		return x.DiscoveryAddress
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *XDSProxyConfig) GetTls() bool {
+	if x != nil {
+		return x.Tls
+	}
+	return false
+}
+
+func (x *XDSProxyConfig) GetRootCert() string {
+	if x != nil {
+		return x.RootCert
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetIstiodSan() string {
+	if x != nil {
+		return x.IstiodSan
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetCertChain() string {
+	if x != nil {
+		return x.CertChain
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetTokenPath() string {
+	if x != nil {
+		return x.TokenPath
+	}
+	return ""
+}
+
+func (x *XDSProxyConfig) GetNameTable() bool {
+	if x != nil {
+		return x.NameTable
+	}
+	return false
+}
+
+func (x *XDSProxyConfig) GetProxyConfig() bool {
+	if x != nil {
+		return x.ProxyConfig
+	}
+	return false
+}
+
 var File_agent_v1_xdsproxy_proto protoreflect.FileDescriptor
 
 const file_agent_v1_xdsproxy_proto_rawDesc = "" +
 	"\n" +
-	"\x17agent/v1/xdsproxy.proto\x12\x0fagentd.agent.v1\"\x10\n" +
-	"\x0eXDSProxyConfigB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x17agent/v1/xdsproxy.proto\x12\x0fagentd.agent.v1\"\xc0\x03\n" +
+	"\x0eXDSProxyConfig\x12+\n" +
+	"\x11discovery_address\x18\x01 \x01(\tR\x10discoveryAddress\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12F\n" +
+	"\aheaders\x18\x03 \x03(\v2,.agentd.agent.v1.XDSProxyConfig.HeadersEntryR\aheaders\x12\x10\n" +
+	"\x03tls\x18\x04 \x01(\bR\x03tls\x12\x1b\n" +
+	"\troot_cert\x18\x05 \x01(\tR\brootCert\x12\x1d\n" +
+	"\n" +
+	"istiod_san\x18\x06 \x01(\tR\tistiodSan\x12\x1d\n" +
+	"\n" +
+	"cert_chain\x18\a \x01(\tR\tcertChain\x12\x10\n" +
+	"\x03key\x18\b \x01(\tR\x03key\x12\x1d\n" +
+	"\n" +
+	"token_path\x18\t \x01(\tR\ttokenPath\x12\x1d\n" +
+	"\n" +
+	"name_table\x18\n" +
+	" \x01(\bR\tnameTable\x12!\n" +
+	"\fproxy_config\x18\v \x01(\bR\vproxyConfig\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_xdsproxy_proto_rawDescOnce sync.Once
@@ -77,16 +201,18 @@ func file_agent_v1_xdsproxy_proto_rawDescGZIP() []byte {
 	return file_agent_v1_xdsproxy_proto_rawDescData
 }
 
-var file_agent_v1_xdsproxy_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_agent_v1_xdsproxy_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_agent_v1_xdsproxy_proto_goTypes = []any{
 	(*XDSProxyConfig)(nil), // 0: agentd.agent.v1.XDSProxyConfig
+	nil,                    // 1: agentd.agent.v1.XDSProxyConfig.HeadersEntry
 }
 var file_agent_v1_xdsproxy_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: agentd.agent.v1.XDSProxyConfig.headers:type_name -> agentd.agent.v1.XDSProxyConfig.HeadersEntry
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_xdsproxy_proto_init() }
@@ -100,7 +226,7 @@ func file_agent_v1_xdsproxy_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_xdsproxy_proto_rawDesc), len(file_agent_v1_xdsproxy_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
