@@ -1,7 +1,10 @@
-// Command sds-server is agentd's sds-server helper, started by agentd as a go-plugin child. For now it is
-// a minimal plugin: it serves the plugin contract and nothing else.
+// Command sds-server is agentd's sds-server helper, started by agentd as a go-plugin child:
+// Istio's SDS server for Envoy, with workload certificates from the CA and from files.
 package main
 
-import "github.com/agentd/agentd/internal/component"
+import (
+	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/sds"
+)
 
-func main() { component.Serve("sds-server", component.Minimal) }
+func main() { component.Serve("sds-server", sds.New) }

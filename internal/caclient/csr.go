@@ -52,24 +52,40 @@ func NewCSR(o KeyOptions, id string) (csrPEM, keyPEM []byte, key crypto.Signer, 
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, key, nil
 }
 
+// Validate reports an unsupported algorithm or curve.
+func (o KeyOptions) Validate() error {
+	_, err := o.curve()
+	return err
+}
+
+// curve is the ECDSA curve asked for, or nil for RSA.
+func (o KeyOptions) curve() (elliptic.Curve, error) {
+	switch {
+	case o.ECCSignatureAlgorithm == "":
+		return nil, nil
+	case !strings.EqualFold(o.ECCSignatureAlgorithm, "ECDSA"):
+		return nil, fmt.Errorf("unsupported ECC signature algorithm %q (want ECDSA)", o.ECCSignatureAlgorithm)
+	}
+	switch strings.ToUpper(o.ECCCurve) {
+	case "", "P256":
+		return elliptic.P256(), nil
+	case "P384":
+		return elliptic.P384(), nil
+	}
+	return nil, fmt.Errorf("unsupported ECC curve %q (want P256 or P384)", o.ECCCurve)
+}
+
 func newKey(o KeyOptions) (crypto.Signer, error) {
-	if strings.EqualFold(o.ECCSignatureAlgorithm, "ECDSA") {
-		curve := elliptic.P256()
-		switch strings.ToUpper(o.ECCCurve) {
-		case "", "P256":
-		case "P384":
-			curve = elliptic.P384()
-		default:
-			return nil, fmt.Errorf("unsupported ECC curve %q (want P256 or P384)", o.ECCCurve)
-		}
+	curve, err := o.curve()
+	if err != nil {
+		return nil, err
+	}
+	if curve != nil {
 		k, err := ecdsa.GenerateKey(curve, rand.Reader)
 		if err != nil {
 			return nil, fmt.Errorf("generate ECDSA key: %w", err)
 		}
 		return k, nil
-	}
-	if o.ECCSignatureAlgorithm != "" {
-		return nil, fmt.Errorf("unsupported ECC signature algorithm %q (want ECDSA)", o.ECCSignatureAlgorithm)
 	}
 	bits := max(o.RSAKeySize, 2048)
 	k, err := rsa.GenerateKey(rand.Reader, bits)

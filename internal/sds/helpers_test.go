@@ -182,7 +182,7 @@ func startSDS(t *testing.T, o Options) *sdsUnderTest {
 	if o.Log == nil {
 		o.Log = hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
 	}
-	s, err := New(o)
+	s, err := NewServer(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,8 +85,8 @@ type Server struct {
 	bundle []byte                   // PCDS trust bundle when there is no CA
 }
 
-// New builds a Server from o.
-func New(o Options) (*Server, error) {
+// NewServer builds a Server from o.
+func NewServer(o Options) (*Server, error) {
 	if o.SecretTTL <= 0 {
 		o.SecretTTL = 24 * time.Hour
 	}
@@ -434,12 +434,7 @@ func (s *Server) trustBundle() []byte {
 	return s.bundle
 }
 
-func (s *Server) abs(p string) string {
-	if p == "" || filepath.IsAbs(p) || s.o.Root == "" {
-		return p
-	}
-	return filepath.Join(s.o.Root, p)
-}
+func (s *Server) abs(p string) string { return abs(s.o.Root, p) }
 
 func nonEmpty(path string) bool {
 	fi, err := os.Stat(path)

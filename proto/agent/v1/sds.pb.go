@@ -9,6 +9,7 @@ package agentv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -21,11 +22,70 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// SDSConfig is the configuration agentd hands to the sds helper in Configure.
+// SDSConfig is the configuration agentd hands to the sds helper in Configure. The socket is
+// inherited: "sds" (Istio's var/run/secrets/workload-spiffe-uds/socket), or "sds-files"
+// (var/run/secrets/credential-uds/files-socket) when files_only is set. Relative paths are
+// under the root agentd hands down. Zero values are Istio's defaults.
 type SDSConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The CA (CA_ADDR; Istio defaults it to the discovery address). Plaintext when it ends in
+	// ":15010", else TLS. Empty: no CA, the workload certificate comes from files only
+	// (FILE_MOUNTED_CERTS).
+	CaAddress string `protobuf:"bytes,1,opt,name=ca_address,json=caAddress,proto3" json:"ca_address,omitempty"`
+	// PEM roots that verify the CA's TLS certificate, after Istio's resolution (CA_ROOT_CA,
+	// PROV_CERT, var/run/secrets/istio/root-cert.pem); "" or "SYSTEM" means the system roots.
+	CaRootCert string `protobuf:"bytes,2,opt,name=ca_root_cert,json=caRootCert,proto3" json:"ca_root_cert,omitempty"`
+	// The name the CA's certificate must carry (ISTIOD_SAN when CA_ADDR was defaulted);
+	// default the host of ca_address.
+	CaServerName string `protobuf:"bytes,3,opt,name=ca_server_name,json=caServerName,proto3" json:"ca_server_name,omitempty"`
+	// The bearer token file, read on every CA call (default var/run/secrets/tokens/istio-token).
+	TokenFile string `protobuf:"bytes,4,opt,name=token_file,json=tokenFile,proto3" json:"token_file,omitempty"`
+	// The ClusterID header of CA calls (ISTIO_META_CLUSTER_ID).
+	ClusterId string `protobuf:"bytes,5,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// Extra headers of CA calls (CA_HEADER_<name>=value).
+	CaHeaders map[string]string `protobuf:"bytes,6,rep,name=ca_headers,json=caHeaders,proto3" json:"ca_headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The CertSigner metadata of CA calls (ISTIO_META_CERT_SIGNER).
+	CertSigner string `protobuf:"bytes,7,opt,name=cert_signer,json=certSigner,proto3" json:"cert_signer,omitempty"`
+	// The identity spiffe://<trust_domain>/ns/<pod_namespace>/sa/<service_account>
+	// (TRUST_DOMAIN default cluster.local, POD_NAMESPACE, SERVICE_ACCOUNT; both default
+	// "default").
+	TrustDomain    string `protobuf:"bytes,8,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	PodNamespace   string `protobuf:"bytes,9,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	ServiceAccount string `protobuf:"bytes,10,opt,name=service_account,json=serviceAccount,proto3" json:"service_account,omitempty"`
+	// The certificate lifetime asked for (SECRET_TTL), default 24h.
+	SecretTtl *durationpb.Duration `protobuf:"bytes,11,opt,name=secret_ttl,json=secretTtl,proto3" json:"secret_ttl,omitempty"`
+	// Rotation at expiry - lifetime * (ratio ± jitter) (SECRET_GRACE_PERIOD_RATIO default 0.5,
+	// SECRET_GRACE_PERIOD_RATIO_JITTER default 0.01).
+	GracePeriodRatio       float64 `protobuf:"fixed64,12,opt,name=grace_period_ratio,json=gracePeriodRatio,proto3" json:"grace_period_ratio,omitempty"`
+	GracePeriodRatioJitter float64 `protobuf:"fixed64,13,opt,name=grace_period_ratio_jitter,json=gracePeriodRatioJitter,proto3" json:"grace_period_ratio_jitter,omitempty"`
+	// Key kind: RSA of rsa_key_size bits (WORKLOAD_RSA_KEY_SIZE, default and minimum 2048), or
+	// ECDSA when ecc_signature_algorithm is "ECDSA" with ecc_curve P256 (default) or P384;
+	// PKCS#8 encoding when pkcs8_key (PKCS8_KEY).
+	RsaKeySize            int32  `protobuf:"varint,14,opt,name=rsa_key_size,json=rsaKeySize,proto3" json:"rsa_key_size,omitempty"`
+	EccSignatureAlgorithm string `protobuf:"bytes,15,opt,name=ecc_signature_algorithm,json=eccSignatureAlgorithm,proto3" json:"ecc_signature_algorithm,omitempty"`
+	EccCurve              string `protobuf:"bytes,16,opt,name=ecc_curve,json=eccCurve,proto3" json:"ecc_curve,omitempty"`
+	Pkcs8Key              bool   `protobuf:"varint,17,opt,name=pkcs8_key,json=pkcs8Key,proto3" json:"pkcs8_key,omitempty"`
+	// Directory that receives key.pem, cert-chain.pem and root-cert.pem on every rotation
+	// (OUTPUT_CERTS); mode 0600, or 0644 when output_world_readable (Istio: when
+	// KUBERNETES_SERVICE_HOST is set).
+	OutputCerts         string `protobuf:"bytes,18,opt,name=output_certs,json=outputCerts,proto3" json:"output_certs,omitempty"`
+	OutputWorldReadable bool   `protobuf:"varint,19,opt,name=output_world_readable,json=outputWorldReadable,proto3" json:"output_world_readable,omitempty"`
+	// Workload certificate files: when the pair (and the root) exist and are not empty they
+	// serve "default" (and "ROOTCA") instead of the CA (etc/certs/…, or
+	// var/run/secrets/workload-spiffe-credentials/…).
+	CertChainFile string `protobuf:"bytes,20,opt,name=cert_chain_file,json=certChainFile,proto3" json:"cert_chain_file,omitempty"`
+	KeyFile       string `protobuf:"bytes,21,opt,name=key_file,json=keyFile,proto3" json:"key_file,omitempty"`
+	RootCertFile  string `protobuf:"bytes,22,opt,name=root_cert_file,json=rootCertFile,proto3" json:"root_cert_file,omitempty"`
+	// Serve file-cert:/file-root: resources only, and make no CA call: another SDS server
+	// (SPIRE) owns the workload socket.
+	FilesOnly bool `protobuf:"varint,23,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
+	// Groups certificate file events (FILE_DEBOUNCE_DURATION), default 100ms.
+	FileDebounce *durationpb.Duration `protobuf:"bytes,24,opt,name=file_debounce,json=fileDebounce,proto3" json:"file_debounce,omitempty"`
+	// Roots every CA answer must chain to; empty: the answer's own root. agentd sets it to
+	// ca_root_cert when that is a file.
+	TrustAnchorsFile string `protobuf:"bytes,25,opt,name=trust_anchors_file,json=trustAnchorsFile,proto3" json:"trust_anchors_file,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SDSConfig) Reset() {
@@ -58,12 +118,225 @@ func (*SDSConfig) Descriptor() ([]byte, []int) {
 	return file_agent_v1_sds_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *SDSConfig) GetCaAddress() string {
+	if x != nil {
+		return x.CaAddress
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetCaRootCert() string {
+	if x != nil {
+		return x.CaRootCert
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetCaServerName() string {
+	if x != nil {
+		return x.CaServerName
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetTokenFile() string {
+	if x != nil {
+		return x.TokenFile
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetCaHeaders() map[string]string {
+	if x != nil {
+		return x.CaHeaders
+	}
+	return nil
+}
+
+func (x *SDSConfig) GetCertSigner() string {
+	if x != nil {
+		return x.CertSigner
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetServiceAccount() string {
+	if x != nil {
+		return x.ServiceAccount
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetSecretTtl() *durationpb.Duration {
+	if x != nil {
+		return x.SecretTtl
+	}
+	return nil
+}
+
+func (x *SDSConfig) GetGracePeriodRatio() float64 {
+	if x != nil {
+		return x.GracePeriodRatio
+	}
+	return 0
+}
+
+func (x *SDSConfig) GetGracePeriodRatioJitter() float64 {
+	if x != nil {
+		return x.GracePeriodRatioJitter
+	}
+	return 0
+}
+
+func (x *SDSConfig) GetRsaKeySize() int32 {
+	if x != nil {
+		return x.RsaKeySize
+	}
+	return 0
+}
+
+func (x *SDSConfig) GetEccSignatureAlgorithm() string {
+	if x != nil {
+		return x.EccSignatureAlgorithm
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetEccCurve() string {
+	if x != nil {
+		return x.EccCurve
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetPkcs8Key() bool {
+	if x != nil {
+		return x.Pkcs8Key
+	}
+	return false
+}
+
+func (x *SDSConfig) GetOutputCerts() string {
+	if x != nil {
+		return x.OutputCerts
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetOutputWorldReadable() bool {
+	if x != nil {
+		return x.OutputWorldReadable
+	}
+	return false
+}
+
+func (x *SDSConfig) GetCertChainFile() string {
+	if x != nil {
+		return x.CertChainFile
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetKeyFile() string {
+	if x != nil {
+		return x.KeyFile
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetRootCertFile() string {
+	if x != nil {
+		return x.RootCertFile
+	}
+	return ""
+}
+
+func (x *SDSConfig) GetFilesOnly() bool {
+	if x != nil {
+		return x.FilesOnly
+	}
+	return false
+}
+
+func (x *SDSConfig) GetFileDebounce() *durationpb.Duration {
+	if x != nil {
+		return x.FileDebounce
+	}
+	return nil
+}
+
+func (x *SDSConfig) GetTrustAnchorsFile() string {
+	if x != nil {
+		return x.TrustAnchorsFile
+	}
+	return ""
+}
+
 var File_agent_v1_sds_proto protoreflect.FileDescriptor
 
 const file_agent_v1_sds_proto_rawDesc = "" +
 	"\n" +
-	"\x12agent/v1/sds.proto\x12\x0fagentd.agent.v1\"\v\n" +
-	"\tSDSConfigB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x12agent/v1/sds.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xce\b\n" +
+	"\tSDSConfig\x12\x1d\n" +
+	"\n" +
+	"ca_address\x18\x01 \x01(\tR\tcaAddress\x12 \n" +
+	"\fca_root_cert\x18\x02 \x01(\tR\n" +
+	"caRootCert\x12$\n" +
+	"\x0eca_server_name\x18\x03 \x01(\tR\fcaServerName\x12\x1d\n" +
+	"\n" +
+	"token_file\x18\x04 \x01(\tR\ttokenFile\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x05 \x01(\tR\tclusterId\x12H\n" +
+	"\n" +
+	"ca_headers\x18\x06 \x03(\v2).agentd.agent.v1.SDSConfig.CaHeadersEntryR\tcaHeaders\x12\x1f\n" +
+	"\vcert_signer\x18\a \x01(\tR\n" +
+	"certSigner\x12!\n" +
+	"\ftrust_domain\x18\b \x01(\tR\vtrustDomain\x12#\n" +
+	"\rpod_namespace\x18\t \x01(\tR\fpodNamespace\x12'\n" +
+	"\x0fservice_account\x18\n" +
+	" \x01(\tR\x0eserviceAccount\x128\n" +
+	"\n" +
+	"secret_ttl\x18\v \x01(\v2\x19.google.protobuf.DurationR\tsecretTtl\x12,\n" +
+	"\x12grace_period_ratio\x18\f \x01(\x01R\x10gracePeriodRatio\x129\n" +
+	"\x19grace_period_ratio_jitter\x18\r \x01(\x01R\x16gracePeriodRatioJitter\x12 \n" +
+	"\frsa_key_size\x18\x0e \x01(\x05R\n" +
+	"rsaKeySize\x126\n" +
+	"\x17ecc_signature_algorithm\x18\x0f \x01(\tR\x15eccSignatureAlgorithm\x12\x1b\n" +
+	"\tecc_curve\x18\x10 \x01(\tR\beccCurve\x12\x1b\n" +
+	"\tpkcs8_key\x18\x11 \x01(\bR\bpkcs8Key\x12!\n" +
+	"\foutput_certs\x18\x12 \x01(\tR\voutputCerts\x122\n" +
+	"\x15output_world_readable\x18\x13 \x01(\bR\x13outputWorldReadable\x12&\n" +
+	"\x0fcert_chain_file\x18\x14 \x01(\tR\rcertChainFile\x12\x19\n" +
+	"\bkey_file\x18\x15 \x01(\tR\akeyFile\x12$\n" +
+	"\x0eroot_cert_file\x18\x16 \x01(\tR\frootCertFile\x12\x1d\n" +
+	"\n" +
+	"files_only\x18\x17 \x01(\bR\tfilesOnly\x12>\n" +
+	"\rfile_debounce\x18\x18 \x01(\v2\x19.google.protobuf.DurationR\ffileDebounce\x12,\n" +
+	"\x12trust_anchors_file\x18\x19 \x01(\tR\x10trustAnchorsFile\x1a<\n" +
+	"\x0eCaHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_sds_proto_rawDescOnce sync.Once
@@ -77,16 +350,21 @@ func file_agent_v1_sds_proto_rawDescGZIP() []byte {
 	return file_agent_v1_sds_proto_rawDescData
 }
 
-var file_agent_v1_sds_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_agent_v1_sds_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_agent_v1_sds_proto_goTypes = []any{
-	(*SDSConfig)(nil), // 0: agentd.agent.v1.SDSConfig
+	(*SDSConfig)(nil),           // 0: agentd.agent.v1.SDSConfig
+	nil,                         // 1: agentd.agent.v1.SDSConfig.CaHeadersEntry
+	(*durationpb.Duration)(nil), // 2: google.protobuf.Duration
 }
 var file_agent_v1_sds_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: agentd.agent.v1.SDSConfig.ca_headers:type_name -> agentd.agent.v1.SDSConfig.CaHeadersEntry
+	2, // 1: agentd.agent.v1.SDSConfig.secret_ttl:type_name -> google.protobuf.Duration
+	2, // 2: agentd.agent.v1.SDSConfig.file_debounce:type_name -> google.protobuf.Duration
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_sds_proto_init() }
@@ -100,7 +378,7 @@ func file_agent_v1_sds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_sds_proto_rawDesc), len(file_agent_v1_sds_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,171 @@
+package sds
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/agentd/agentd/internal/caclient"
+	"github.com/agentd/agentd/internal/component"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+)
+
+// The names of the sockets agentd hands down: the workload SDS socket, or the files-only one
+// when another SDS server owns the workload socket.
+const (
+	SocketWorkload = "sds"
+	SocketFiles    = "sds-files"
+)
+
+// DefaultTokenFile is Istio's istio-ca audience token (third-party JWT).
+const DefaultTokenFile = "var/run/secrets/tokens/istio-token"
+
+// Helper is sds-server as an agentd helper: the SDS server on the inherited socket, with
+// the PCDS trust bundle from the bus.
+type Helper struct {
+	srv *Server
+	l   net.Listener
+	bus *component.Bus
+	log hclog.Logger
+}
+
+// New builds sds-server from its environment: SDSConfig, the inherited socket and the bus.
+func New(env *component.Env) (component.Helper, error) {
+	var c agentv1.SDSConfig
+	if err := env.UnmarshalConfig(&c); err != nil {
+		return nil, err
+	}
+	socket := SocketWorkload
+	if c.GetFilesOnly() {
+		socket = SocketFiles
+	}
+	l, err := env.Listener(socket)
+	if err != nil {
+		return nil, err
+	}
+	o, err := ServerOptions(&c, env.Root)
+	if err != nil {
+		return nil, err
+	}
+	o.Log, o.Metrics = env.Log, env.Metrics
+	var srv *Server
+	if c.GetCaAddress() != "" && !c.GetFilesOnly() {
+		cl, err := caclient.New(caclient.Options{
+			Address:      c.GetCaAddress(),
+			RootCertFile: abs(env.Root, c.GetCaRootCert()),
+			ServerName:   c.GetCaServerName(),
+			TokenFile:    abs(env.Root, orDefault(c.GetTokenFile(), DefaultTokenFile)),
+			ClusterID:    c.GetClusterId(),
+			Headers:      c.GetCaHeaders(),
+			CertSigner:   c.GetCertSigner(),
+			OnRetry:      func(err error) { srv.OnRetry(err) },
+		})
+		if err != nil {
+			return nil, err
+		}
+		o.CA = cl
+	}
+	if srv, err = NewServer(o); err != nil {
+		return nil, err
+	}
+	return &Helper{srv: srv, l: l, bus: env.Bus, log: env.Log}, nil
+}
+
+// ServerOptions turns the helper's configuration into the server's (without the CA client).
+func ServerOptions(c *agentv1.SDSConfig, root string) (Options, error) {
+	o := Options{
+		Identity: caclient.SPIFFEID(orDefault(c.GetTrustDomain(), "cluster.local"),
+			orDefault(c.GetPodNamespace(), "default"), orDefault(c.GetServiceAccount(), "default")),
+		Key: caclient.KeyOptions{
+			RSAKeySize: int(c.GetRsaKeySize()), ECCSignatureAlgorithm: c.GetEccSignatureAlgorithm(),
+			ECCCurve: c.GetEccCurve(), PKCS8: c.GetPkcs8Key(),
+		},
+		SecretTTL:        c.GetSecretTtl().AsDuration(),
+		GraceRatio:       c.GetGracePeriodRatio(),
+		GraceJitter:      c.GetGracePeriodRatioJitter(),
+		TrustAnchorsFile: c.GetTrustAnchorsFile(),
+		OutputDir:        c.GetOutputCerts(),
+		CertChainFile:    c.GetCertChainFile(),
+		KeyFile:          c.GetKeyFile(),
+		RootCertFile:     c.GetRootCertFile(),
+		FilesOnly:        c.GetFilesOnly(),
+		FileDebounce:     c.GetFileDebounce().AsDuration(),
+		Root:             root,
+	}
+	if c.GetSecretTtl() == nil {
+		o.SecretTTL = 24 * time.Hour
+	}
+	if c.GetGracePeriodRatioJitter() == 0 {
+		o.GraceJitter = 0.01
+	}
+	if o.GraceRatio < 0 || o.GraceRatio > 1 {
+		return Options{}, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO %v: want a value in [0, 1]", o.GraceRatio)
+	}
+	if c.GetOutputWorldReadable() {
+		o.OutputMode = 0o644
+	}
+	if err := o.Key.Validate(); err != nil {
+		return Options{}, err
+	}
+	return o, nil
+}
+
+// Run serves until ctx ends.
+func (h *Helper) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return h.srv.Run(ctx, h.l) })
+	if h.bus != nil {
+		g.Go(func() error { h.subscribe(ctx); return nil })
+	}
+	return g.Wait()
+}
+
+// subscribe feeds the PCDS trust bundle published on the bus to the server, re-subscribing
+// with backoff while the bus is unreachable.
+func (h *Helper) subscribe(ctx context.Context) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := h.bus.Subscribe(ctx, []string{component.TopicTrustBundle}, func(m *agentv1.BusMessage) {
+			var tb agentv1.TrustBundle
+			if err := m.GetPayload().UnmarshalTo(&tb); err != nil {
+				h.log.Warn("bad trust bundle on the bus", "error", err)
+				return
+			}
+			h.srv.SetTrustBundle(tb.GetCaCertificatesPem())
+		})
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		h.log.Debug("trust bundle subscription", "error", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// Ready returns nil once the workload certificate is valid (or, files only, at once).
+func (h *Helper) Ready() error { return h.srv.Ready() }
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}
+
+// abs puts a relative path under root ("SYSTEM" is a keyword, not a path).
+func abs(root, p string) string {
+	if p == "" || p == "SYSTEM" || root == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(root, p)
+}
