@@ -56,17 +56,21 @@ const (
 
 // BackoffPolicy is how soon a child that exited is started again.
 type BackoffPolicy struct {
-	Initial        time.Duration // delay after the first exit (default 50 ms: the first retry is fast)
+	Initial        time.Duration // delay after the second exit in a row (default 50 ms); the first is restarted at once
 	Max            time.Duration // cap (default 30 s)
 	StableAfter    time.Duration // a run this long resets the delay (default 10 s)
 	CrashLoopAfter int           // exits in a row, each before StableAfter, that make a crash loop (default 5)
 }
 
-// delay is the wait before restart number n (1-based) of a run of failures: exponential,
+// delay is the wait before restart number n (1-based) of a run of failures: none for the first
+// (a helper that was fine and crashed once is back at once), then exponential from Initial,
 // capped, with ±20% jitter so that children failing together do not restart in lockstep.
 func (b BackoffPolicy) delay(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
 	d := b.Initial
-	for i := 1; i < n && d < b.Max; i++ {
+	for i := 2; i < n && d < b.Max; i++ {
 		d *= 2
 	}
 	d = min(d, b.Max)

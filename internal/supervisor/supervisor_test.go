@@ -62,7 +62,7 @@ func TestMain(m *testing.M) {
 }
 
 type fixture struct {
-	t    *testing.T
+	t    testing.TB
 	sup  *supervisor.Supervisor
 	bus  *bus.Broker
 	root string
@@ -105,7 +105,7 @@ func child(f *fixture, name, binary string, env ...string) supervisor.Child {
 }
 
 // start runs a supervisor over the children that build returns until the test ends.
-func start(t *testing.T, opts supervisor.Options, build func(*fixture) []supervisor.Child) *fixture {
+func start(t testing.TB, opts supervisor.Options, build func(*fixture) []supervisor.Child) *fixture {
 	t.Helper()
 	f := &fixture{t: t, bus: bus.New(), root: t.TempDir(), logs: &syncBuffer{}}
 	opts.Root = f.root
@@ -217,9 +217,8 @@ func TestKilledChildIsRestartedOnItsSocket(t *testing.T) {
 		t.Fatalf("a's socket served by pid %d, want %d", got, a.Pid)
 	}
 	// The helper's own JSON log line, re-logged under its name at its level.
-	if want := fmt.Sprintf("[WARN]  a: serving: pid=%d", a.Pid); !strings.Contains(f.logs.String(), want) {
-		t.Errorf("log has no %q:\n%s", want, f.logs.String())
-	}
+	want := fmt.Sprintf("[WARN]  a: serving: pid=%d", a.Pid)
+	f.waitFor("the helper's log line", func() bool { return strings.Contains(f.logs.String(), want) })
 
 	if err := syscall.Kill(a.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -266,7 +265,7 @@ func TestCrashLoopLeavesOthersRunning(t *testing.T) {
 
 func TestBackoffGrowsAndResets(t *testing.T) {
 	p := supervisor.BackoffPolicy{Initial: 100 * time.Millisecond, Max: time.Second}
-	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
+	for n, want := range map[int]time.Duration{1: 0, 2: 100 * time.Millisecond, 3: 200 * time.Millisecond, 5: 800 * time.Millisecond, 6: time.Second, 50: time.Second} {
 		for range 20 {
 			got := supervisor.Delay(p, n)
 			if lo, hi := time.Duration(float64(want)*0.8), time.Duration(float64(want)*1.2); got < lo || got > hi {
@@ -332,7 +331,7 @@ func TestKillEndsDeadlinesAtOnce(t *testing.T) {
 	}
 }
 
-func copyBinary(t *testing.T, dst string) string {
+func copyBinary(t testing.TB, dst string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(binDir, "helper"))
 	if err != nil {
