@@ -1,7 +1,11 @@
-// Command xds-proxy is agentd's xds-proxy helper, started by agentd as a go-plugin child. For now it is
-// a minimal plugin: it serves the plugin contract and nothing else.
+// Command xds-proxy is agentd's xDS helper: it proxies the ADS streams of Envoy and proxyless
+// gRPC clients to the control plane, on the socket agentd hands down. agentd starts it as a
+// go-plugin child.
 package main
 
-import "github.com/agentd/agentd/internal/component"
+import (
+	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/xdsproxy"
+)
 
-func main() { component.Serve("xds-proxy", component.Minimal) }
+func main() { component.Serve("xds-proxy", xdsproxy.New) }

@@ -103,7 +103,7 @@ func startProxy(t testing.TB, cfg Config) *testProxy {
 	t.Helper()
 	tp := &testProxy{sock: filepath.Join(tempDir(t), "XDS"), bus: newTestBus(t), metrics: prometheus.NewRegistry()}
 	log := hclog.New(&hclog.LoggerOptions{Name: "xds-proxy", Level: hclog.Debug, Output: testWriter{t}})
-	p, err := New(cfg, log, tp.bus.client, tp.metrics)
+	p, err := NewProxy(cfg, log, tp.bus.client, tp.metrics)
 	if err != nil {
 		t.Fatal(err)
 	}

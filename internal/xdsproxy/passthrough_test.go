@@ -231,8 +231,8 @@ func TestUpstreamTLS(t *testing.T) {
 			up.nextRequest(t, ListenerType)
 		})
 	}
-	if _, err := New(Config{Upstream: Upstream{Address: "x:1", TLS: true, RootCert: filepath.Join(dir, "missing.pem")}}, hclog.NewNullLogger(), nil, nil); err == nil {
-		t.Error("New with a missing xDS root = nil error, want one")
+	if _, err := NewProxy(Config{Upstream: Upstream{Address: "x:1", TLS: true, RootCert: filepath.Join(dir, "missing.pem")}}, hclog.NewNullLogger(), nil, nil); err == nil {
+		t.Error("NewProxy with a missing xDS root = nil error, want one")
 	}
 }
 

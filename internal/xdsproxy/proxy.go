@@ -72,8 +72,8 @@ type Proxy struct {
 	health   *agentv1.WorkloadHealth // the last report, sent on every new stream
 }
 
-// New builds a proxy; bus receives the name table and trust bundle; its metrics go to reg.
-func New(cfg Config, log hclog.Logger, bus Publisher, reg prometheus.Registerer) (*Proxy, error) {
+// NewProxy builds a proxy; bus receives the name table and trust bundle; its metrics go to reg.
+func NewProxy(cfg Config, log hclog.Logger, bus Publisher, reg prometheus.Registerer) (*Proxy, error) {
 	if cfg.Upstream.Address == "" {
 		return nil, errors.New("no discovery address")
 	}

@@ -1,0 +1,98 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/agentd/agentd/internal/component"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+)
+
+// Socket is the name of the socket agentd hands down: Istio's etc/istio/proxy/XDS.
+const Socket = "xds"
+
+// Helper is xds-proxy as an agentd helper: the proxy on the inherited socket, with health
+// reports from the bus.
+type Helper struct {
+	proxy   *Proxy
+	l       net.Listener
+	bus     *component.Bus
+	serving atomic.Bool
+}
+
+// New builds xds-proxy from its environment: XDSProxyConfig, the "xds" socket and the bus.
+func New(env *component.Env) (component.Helper, error) {
+	var c agentv1.XDSProxyConfig
+	if err := env.UnmarshalConfig(&c); err != nil {
+		return nil, err
+	}
+	l, err := env.Listener(Socket)
+	if err != nil {
+		return nil, err
+	}
+	p, err := NewProxy(ConfigFrom(&c), env.Log, env.Bus, env.Metrics)
+	if err != nil {
+		return nil, errors.Join(err, l.Close())
+	}
+	return NewHelper(p, l, env.Bus), nil
+}
+
+// NewHelper returns the helper serving p on l, with health reports from bus.
+func NewHelper(p *Proxy, l net.Listener, bus *component.Bus) *Helper {
+	return &Helper{proxy: p, l: l, bus: bus}
+}
+
+// ConfigFrom turns the helper's configuration into the proxy's.
+func ConfigFrom(c *agentv1.XDSProxyConfig) Config {
+	return Config{
+		Upstream: Upstream{
+			Address:   c.GetDiscoveryAddress(),
+			ClusterID: c.GetClusterId(),
+			Headers:   c.GetHeaders(),
+			TLS:       c.GetTls(),
+			RootCert:  c.GetRootCert(),
+			SAN:       c.GetIstiodSan(),
+			CertChain: c.GetCertChain(),
+			Key:       c.GetKey(),
+			TokenPath: c.GetTokenPath(),
+		},
+		NameTable:   c.GetNameTable(),
+		ProxyConfig: c.GetProxyConfig(),
+	}
+}
+
+// Run serves clients and passes the workload's health reports upstream until ctx ends.
+func (h *Helper) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		h.serving.Store(true)
+		return h.proxy.Serve(ctx, h.l)
+	})
+	g.Go(func() error {
+		return h.bus.Subscribe(ctx, []string{component.TopicWorkloadHealth}, func(m *agentv1.BusMessage) {
+			var health agentv1.WorkloadHealth
+			if err := m.GetPayload().UnmarshalTo(&health); err != nil {
+				h.proxy.log.Error("ignoring a health report that does not decode", "error", err)
+				return
+			}
+			h.proxy.SetHealth(&health)
+		})
+	})
+	return g.Wait()
+}
+
+// Ready is nil once the proxy serves its socket.
+func (h *Helper) Ready() error {
+	if !h.serving.Load() {
+		return fmt.Errorf("not serving %s yet", Socket)
+	}
+	return nil
+}
+
+// Drain hands new streams to the next xds-proxy (a swap) while the open ones continue.
+func (h *Helper) Drain(ctx context.Context) error { return h.proxy.Drain(ctx) }
