@@ -201,12 +201,14 @@ func (c *CA) CreateCertificate(_ context.Context, req *securityv1alpha1.IstioCer
 }
 
 // Register adds the CA's IstioCertificateService to s.
-func (c *CA) Register(s *grpc.Server) { securityv1alpha1.RegisterIstioCertificateServiceServer(s, c) }
+func (c *CA) Register(s grpc.ServiceRegistrar) {
+	securityv1alpha1.RegisterIstioCertificateServiceServer(s, c)
+}
 
 // ServerTLS is the TLS configuration of the CA's port: its serving certificate, chained to
-// its root.
+// its root, and HTTP/2 by ALPN (so it also works as a plain tls.Listener under gRPC).
 func (c *CA) ServerTLS() *tls.Config {
-	return &tls.Config{Certificates: []tls.Certificate{c.serving}, MinVersion: tls.VersionTLS12}
+	return &tls.Config{Certificates: []tls.Certificate{c.serving}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 }
 
 // Run serves the CA API over TLS on l until ctx ends, then stops gracefully.

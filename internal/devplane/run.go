@@ -2,6 +2,7 @@ package devplane
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ type Config struct {
 	// ADS on the xDS address, as istiod serves its CA.
 	Register  []func(grpc.ServiceRegistrar)
 	CAAddress string
+	CATLS     *tls.Config  // TLS of CAAddress (istiod's CA port is TLS); nil: plaintext
 	Log       hclog.Logger // default: hclog's default logger
 }
 
@@ -57,7 +59,10 @@ func Run(ctx context.Context, cfg Config) error {
 		if caL, err = net.Listen("tcp", cfg.CAAddress); err != nil {
 			return errors.Join(fmt.Errorf("listen for the CA: %w", err), xdsL.Close())
 		}
-		cfg.Log.Info("serving the CA", "address", caL.Addr().String())
+		if cfg.CATLS != nil {
+			caL = tls.NewListener(caL, cfg.CATLS)
+		}
+		cfg.Log.Info("serving the CA", "address", caL.Addr().String(), "tls", cfg.CATLS != nil)
 	}
 	if cfg.DebugAddress != "" {
 		if debugL, err = net.Listen("tcp", cfg.DebugAddress); err != nil {
