@@ -1,0 +1,180 @@
+// Package prober is the prober helper: it answers the rewritten kubelet app probes that
+// agentd's status server forwards to it, and runs Istio's WorkloadEntry health check.
+//
+// agentd opens a Unix socket named "probe" and hands it down; the prober serves plain HTTP
+// on it with the same paths as the status port (/app-health/<c>/livez, ...). agentd's status
+// server proxies those paths to the socket with the request's Host and headers, so the
+// prober sees what kubelet sent. Because the socket is agentd's, probes that arrive while the
+// prober restarts wait in the socket's backlog instead of failing.
+package prober
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	networking "istio.io/api/networking/v1alpha3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/agentd/agentd/internal/component"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+)
+
+// SocketName is the name of the inherited socket the prober serves app probes on.
+const SocketName = "probe"
+
+// Prober is the prober helper.
+type Prober struct {
+	log      hclog.Logger
+	listener net.Listener
+	probes   *AppProbes
+	health   *HealthCheck // nil without a readinessProbe
+	bus      *component.Bus
+	serving  atomic.Bool
+	server   *http.Server
+	healthy  prometheus.Gauge
+}
+
+// New is the helper's factory: it validates the configuration (a malformed
+// ISTIO_KUBE_APP_PROBERS fails Configure with Istio's message) and takes the "probe" socket.
+func New(env *component.Env) (component.Helper, error) {
+	cfg := &agentv1.ProberConfig{}
+	if err := env.UnmarshalConfig(cfg); err != nil {
+		return nil, err
+	}
+	l, err := env.Listener(SocketName)
+	if err != nil {
+		return nil, err
+	}
+	var reg prometheus.Registerer = env.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	return newProber(cfg, l, env.Bus, env.Log, reg)
+}
+
+func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, log hclog.Logger, reg prometheus.Registerer) (*Prober, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	kube, err := ParseKubeProbes(cfg.GetKubeAppProbers())
+	if err != nil {
+		return nil, err
+	}
+	m := newMetrics(reg)
+	p := &Prober{log: log, listener: l, bus: bus, healthy: m.healthy}
+	p.probes = NewAppProbes(AppProbeOptions{
+		Probes:          kube,
+		PodIP:           cfg.GetPodIp(),
+		LegacyLocalhost: cfg.GetLegacyLocalhostDestination(),
+		IPv6:            cfg.GetIpv6(),
+		StatusPort:      int(cfg.GetStatusPort()),
+		DisableHTTP2:    cfg.GetDisableHttp2Probing(),
+		KeepAlive:       cfg.GetProbeKeepaliveConnections(),
+		Log:             log.Named("probes"),
+		Observe:         m.observeAppProbe,
+	})
+	if rp := cfg.GetReadinessProbe(); rp != nil {
+		probe := &networking.ReadinessProbe{}
+		if err := rp.UnmarshalTo(probe); err != nil {
+			return nil, fmt.Errorf("decode readinessProbe: %w", err)
+		}
+		p.health, err = NewHealthCheck(probe, HealthOptions{
+			Host:          healthHost(cfg),
+			Source:        p.probes.source,
+			AgentReadyURL: cfg.GetAgentReadyUrl(),
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	p.server = &http.Server{Handler: p.probes, ReadHeaderTimeout: 10 * time.Second}
+	return p, nil
+}
+
+// healthHost is the default host of the health checks: the pod IP, or localhost.
+func healthHost(cfg *agentv1.ProberConfig) string {
+	if cfg.GetLegacyLocalhostDestination() || cfg.GetPodIp() == "" {
+		return "localhost"
+	}
+	return cfg.GetPodIp()
+}
+
+// Handler answers the app probe paths; agentd's status server forwards them here.
+func (p *Prober) Handler() http.Handler { return p.probes }
+
+// Run serves app probes on the "probe" socket and runs the health check until ctx ends.
+func (p *Prober) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		p.serving.Store(true)
+		if err := p.server.Serve(p.listener); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve app probes: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return p.server.Shutdown(sctx)
+	})
+	if p.health != nil {
+		g.Go(func() error { return p.health.Run(ctx, p.log.Named("healthcheck"), p.publish) })
+	}
+	return g.Wait()
+}
+
+// Ready is nil once app probes are served.
+func (p *Prober) Ready() error {
+	if !p.serving.Load() {
+		return errors.New("not serving app probes yet")
+	}
+	return nil
+}
+
+func (p *Prober) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
+	if h.GetHealthy() {
+		p.healthy.Set(1)
+	} else {
+		p.healthy.Set(0)
+	}
+	if p.bus == nil {
+		return nil
+	}
+	return p.bus.Publish(ctx, component.TopicWorkloadHealth, h)
+}
+
+type metrics struct {
+	appProbes *prometheus.CounterVec
+	healthy   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		appProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_agent_app_probes_total",
+			Help: "Forwarded kubelet app probes, by probe type (http, tcp, grpc) and result (success, failure).",
+		}, []string{"type", "result"}),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "istio_agent_workload_healthy",
+			Help: "Last WorkloadEntry health check state reported: 1 healthy, 0 unhealthy.",
+		}),
+	}
+	reg.MustRegister(m.appProbes, m.healthy)
+	return m
+}
+
+func (m *metrics) observeAppProbe(kind string, ok bool) {
+	result := "failure"
+	if ok {
+		result = "success"
+	}
+	m.appProbes.WithLabelValues(kind, result).Inc()
+}
