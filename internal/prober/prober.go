@@ -19,8 +19,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	networking "istio.io/api/networking/v1alpha3"
 	"golang.org/x/sync/errgroup"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/agentd/agentd/internal/component"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
