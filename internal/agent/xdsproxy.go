@@ -1,10 +1,106 @@
 package agent
 
-import "github.com/agentd/agentd/internal/supervisor"
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
 
-// xdsProxy is the xds-proxy child: the XDS socket Envoy and proxyless gRPC clients dial.
+	meshv1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/sds"
+	"github.com/agentd/agentd/internal/supervisor"
+	"github.com/agentd/agentd/internal/xdsproxy"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+)
+
+// Istio's xDS paths, relative to the root.
+const (
+	xdsSocket = "etc/istio/proxy/XDS"
+	// plaintextPort is istiod's plaintext xDS port: agentd never speaks TLS to it.
+	plaintextPort = "15010"
+)
+
+// xdsProxy is the xds-proxy child, set up as Istio's agent sets up its xDS proxy: the XDS
+// socket, the discovery address, ClusterID and XDS_HEADER_* headers, TLS with Istio's xDS
+// root (XDS_ROOT_CA, ...), ISTIOD_SAN, a PROV_CERT or file-mounted client certificate, the
+// istio-token, NDS when DNS capture is on and PCDS with PROXY_CONFIG_XDS_AGENT. TLS follows
+// PROXY_CONFIG's controlPlaneAuthPolicy, except towards port 15010, istiod's plaintext port.
+// A missing xDS root fails xds-proxy's configuration, as it fails Istio's start.
 func (a *Agent) xdsProxy() (*supervisor.Child, error) {
-	return a.helper("xds-proxy", nil, supervisor.Socket{
-		Name: "xds", Network: "unix", Address: "etc/istio/proxy/XDS", Mode: 0o666,
+	cfg, err := a.xdsProxyConfig()
+	if err != nil {
+		return nil, err
+	}
+	return a.helper("xds-proxy", cfg, supervisor.Socket{
+		Name: xdsproxy.Socket, Network: "unix", Address: xdsSocket, Mode: 0o666,
 	}), nil
+}
+
+func (a *Agent) xdsProxyConfig() (*agentv1.XDSProxyConfig, error) {
+	env := a.opts.getenv
+	pc, err := envoy.MergeProxyConfig(envoy.ProxyConfigSources{Env: env("PROXY_CONFIG")})
+	if err != nil {
+		return nil, err
+	}
+	cfg := &agentv1.XDSProxyConfig{
+		DiscoveryAddress: a.opts.DiscoveryAddress,
+		ClusterId:        firstNonEmpty(env("ISTIO_META_CLUSTER_ID"), env("CLUSTER_ID"), "Kubernetes"),
+		Headers:          envPrefixed(a.opts.Env, "XDS_HEADER_"),
+		IstiodSan:        env("ISTIOD_SAN"),
+		TokenPath:        a.rootedPath(sds.DefaultTokenFile),
+		NameTable:        envTrue(env("ISTIO_META_DNS_CAPTURE")) || envTrue(env("ISTIO_META_ENABLE_DNS_SERVER")),
+		ProxyConfig:      envTrue(env("PROXY_CONFIG_XDS_AGENT")),
+	}
+	if cfg.DiscoveryAddress == "" {
+		cfg.DiscoveryAddress = pc.GetDiscoveryAddress()
+	}
+	_, port, _ := net.SplitHostPort(cfg.DiscoveryAddress)
+	cfg.Tls = pc.GetControlPlaneAuthPolicy() != meshv1.AuthenticationPolicy_NONE && port != plaintextPort
+	if !cfg.Tls {
+		return cfg, nil
+	}
+	if cfg.RootCert, err = a.xdsRoot(); err != nil {
+		return nil, err
+	}
+	switch {
+	case env("PROV_CERT") != "":
+		cfg.CertChain = a.rootedPath(filepath.Join(env("PROV_CERT"), "cert-chain.pem"))
+		cfg.Key = a.rootedPath(filepath.Join(env("PROV_CERT"), "key.pem"))
+	case envTrue(env("FILE_MOUNTED_CERTS")):
+		if c, k := env("ISTIO_META_TLS_CLIENT_CERT_CHAIN"), env("ISTIO_META_TLS_CLIENT_KEY"); c != "" && k != "" {
+			cfg.CertChain, cfg.Key = a.rootedPath(c), a.rootedPath(k)
+		}
+	}
+	return cfg, nil
+}
+
+// xdsRoot is Istio's resolution of the roots that verify the control plane, an absolute
+// path or "" for the system roots: XDS_ROOT_CA (SYSTEM or a path), etc/certs/root-cert.pem
+// if it exists, PROV_CERT's root-cert.pem, the file-mounted ISTIO_META_TLS_CLIENT_ROOT_CERT,
+// an error with PILOT_CERT_PROVIDER=none, else the istiod root of istio-ca-root-cert.
+func (a *Agent) xdsRoot() (string, error) {
+	env := a.opts.getenv
+	legacy := filepath.Join(legacyCertDir, "root-cert.pem")
+	switch {
+	case env("XDS_ROOT_CA") == "SYSTEM":
+		return "", nil
+	case env("XDS_ROOT_CA") != "":
+		return a.rootedPath(env("XDS_ROOT_CA")), nil
+	case fileExists(a.rootedPath(legacy)):
+		return a.rootedPath(legacy), nil
+	case env("PROV_CERT") != "":
+		return a.rootedPath(filepath.Join(env("PROV_CERT"), "root-cert.pem")), nil
+	case envTrue(env("FILE_MOUNTED_CERTS")) && env("ISTIO_META_TLS_CLIENT_ROOT_CERT") != "":
+		return a.rootedPath(env("ISTIO_META_TLS_CLIENT_ROOT_CERT")), nil
+	case env("PILOT_CERT_PROVIDER") == "none":
+		return "", errors.New("xDS root certificate: PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA")
+	}
+	return a.rootedPath(istiodRootCert), nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
