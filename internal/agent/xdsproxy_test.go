@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/agentd/agentd/internal/xdsproxy"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+)
+
+func TestXDSProxyConfig(t *testing.T) {
+	root := t.TempDir()
+	base := &agentv1.XDSProxyConfig{
+		DiscoveryAddress: "istiod.istio-system.svc:15012", ClusterId: "Kubernetes", Headers: map[string]string{},
+		Tls: true, RootCert: filepath.Join(root, istiodRootCert), TokenPath: filepath.Join(root, "var/run/secrets/tokens/istio-token"),
+	}
+	with := func(f func(c *agentv1.XDSProxyConfig)) *agentv1.XDSProxyConfig {
+		c := proto.Clone(base).(*agentv1.XDSProxyConfig)
+		f(c)
+		return c
+	}
+	tests := []struct {
+		name      string
+		discovery string
+		env       []string
+		files     []string
+		want      *agentv1.XDSProxyConfig
+	}{
+		{"defaults", "", nil, nil, base},
+		{"istio settings", "", []string{
+			"ISTIO_META_CLUSTER_ID=c1", "XDS_HEADER_X-Tenant=t1", "ISTIOD_SAN=istiod.example", "ISTIO_META_DNS_CAPTURE=true",
+			"PROXY_CONFIG_XDS_AGENT=true", "XDS_ROOT_CA=/roots/xds.pem",
+		}, nil, with(func(c *agentv1.XDSProxyConfig) {
+			c.ClusterId, c.Headers, c.IstiodSan = "c1", map[string]string{"X-Tenant": "t1"}, "istiod.example"
+			c.NameTable, c.ProxyConfig, c.RootCert = true, true, "/roots/xds.pem"
+		})},
+		{"DNS server on a gateway", "", []string{"ISTIO_META_ENABLE_DNS_SERVER=true"}, nil, with(func(c *agentv1.XDSProxyConfig) { c.NameTable = true })},
+		{"PROXY_CONFIG address", "", []string{"PROXY_CONFIG={discoveryAddress: istiod.other:15011}"}, nil,
+			with(func(c *agentv1.XDSProxyConfig) { c.DiscoveryAddress = "istiod.other:15011" })},
+		{"flag wins", "127.0.0.1:15012", []string{"PROXY_CONFIG={discoveryAddress: istiod.other:15011}"}, nil,
+			with(func(c *agentv1.XDSProxyConfig) { c.DiscoveryAddress = "127.0.0.1:15012" })},
+		{"istiod's plaintext port", "127.0.0.1:15010", nil, nil,
+			with(func(c *agentv1.XDSProxyConfig) { c.DiscoveryAddress, c.Tls, c.RootCert = "127.0.0.1:15010", false, "" })},
+		{"system roots", "", []string{"XDS_ROOT_CA=SYSTEM"}, nil, with(func(c *agentv1.XDSProxyConfig) { c.RootCert = "" })},
+		{"etc/certs root", "", nil, []string{"etc/certs/root-cert.pem"}, with(func(c *agentv1.XDSProxyConfig) {
+			c.RootCert = filepath.Join(root, "etc/certs/root-cert.pem")
+		})},
+		{"PROV_CERT", "", []string{"PROV_CERT=/prov"}, nil, with(func(c *agentv1.XDSProxyConfig) {
+			c.RootCert, c.CertChain, c.Key = "/prov/root-cert.pem", "/prov/cert-chain.pem", "/prov/key.pem"
+		})},
+		{"file-mounted client cert", "", []string{"FILE_MOUNTED_CERTS=true", "ISTIO_META_TLS_CLIENT_CERT_CHAIN=/m/c.pem",
+			"ISTIO_META_TLS_CLIENT_KEY=/m/k.pem", "ISTIO_META_TLS_CLIENT_ROOT_CERT=/m/r.pem"}, nil, with(func(c *agentv1.XDSProxyConfig) {
+			c.RootCert, c.CertChain, c.Key = "/m/r.pem", "/m/c.pem", "/m/k.pem"
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, f := range tt.files {
+				p := filepath.Join(root, f)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				defer os.Remove(p)
+			}
+			a := &Agent{opts: Options{Root: root, Env: tt.env, DiscoveryAddress: tt.discovery}, log: hclog.NewNullLogger()}
+			got, err := a.xdsProxyConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tt.want, got, protocmp.Transform()); d != "" {
+				t.Errorf("xdsProxyConfig (-want +got):\n%s", d)
+			}
+		})
+	}
+	a := &Agent{opts: Options{Root: root, Env: []string{"PILOT_CERT_PROVIDER=none"}}, log: hclog.NewNullLogger()}
+	if _, err := a.xdsProxyConfig(); err == nil {
+		t.Error("xdsProxyConfig with PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: nil error")
+	}
+	c, err := (&Agent{opts: Options{Root: root, DiscoveryAddress: "x:15010"}, log: hclog.NewNullLogger()}).xdsProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Sockets[0]; s.Name != xdsproxy.Socket || s.Network != "unix" || s.Address != "etc/istio/proxy/XDS" || s.Mode != 0o666 {
+		t.Errorf("socket = %+v, want unix etc/istio/proxy/XDS 0666", s)
+	}
+}
