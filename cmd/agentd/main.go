@@ -26,6 +26,8 @@ func main() {
 			restartCommand(),
 			swapCommand(),
 			versionCommand(),
+			proxyCommand(),
+			requestCommand(),
 		},
 	}
 	if err := app.Run(flagsFirst(app.Commands, os.Args)); err != nil {

@@ -80,7 +80,7 @@ func New(opts Options) (*Agent, error) {
 		Inherited:    inherited,
 		Metrics:      a.metrics,
 		ReadyTimeout: opts.ReadyTimeout,
-		DrainTimeout: opts.DrainTimeout,
+		DrainTimeout: a.opts.DrainTimeout, // Envoy's child may have lengthened it
 		StopTimeout:  opts.StopTimeout,
 	})
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 func (a *Agent) buildChildren() ([]supervisor.Child, error) {
 	var out []supervisor.Child
 	for _, build := range []func() (*supervisor.Child, error){
-		a.sdsServer, a.xdsProxy, a.dnsProxy, a.prober,
+		a.sdsServer, a.xdsProxy, a.dnsProxy, a.prober, a.envoy,
 	} {
 		c, err := build()
 		if err != nil {

@@ -31,6 +31,8 @@ type Options struct {
 	// Env is the environment agentd was started with, as os.Environ returns it; the helpers'
 	// Istio settings are read from it.
 	Env []string
+	// Proxy is pilot-agent's `proxy` command line, for Envoy (see envoy.go).
+	Proxy ProxyArgs
 	// Log is agentd's logger; each child's lines appear under it with the child's name.
 	Log hclog.Logger
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"sort"
@@ -365,4 +366,56 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// ProxyIPs is pilot-agent's list of the proxy's addresses: instanceIP (INSTANCE_IP) first,
+// then the host's other addresses that are not loopback, link-local or unspecified, minus
+// those of the excluded interfaces (annotation traffic.sidecar.istio.io/excludeInterfaces);
+// 127.0.0.1 and ::1 stand for the host's when it has none.
+func ProxyIPs(instanceIP string, excludeInterfaces []string) []string {
+	var ips []string
+	if a, err := netip.ParseAddr(instanceIP); err == nil {
+		ips = append(ips, a.String())
+	}
+	excluded := map[string]bool{}
+	for _, name := range excludeInterfaces {
+		for _, a := range interfaceAddrs(name) {
+			excluded[a.String()] = true
+		}
+	}
+	var host []string
+	for _, a := range interfaceAddrs("") {
+		if !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && !a.IsUnspecified() {
+			host = append(host, a.String())
+		}
+	}
+	if len(host) == 0 {
+		host = []string{"127.0.0.1", "::1"}
+	}
+	for _, a := range host {
+		if !excluded[a] && !slices.Contains(ips, a) {
+			ips = append(ips, a)
+		}
+	}
+	return ips
+}
+
+// interfaceAddrs lists the addresses of one interface, or of all when name is "".
+func interfaceAddrs(name string) []netip.Addr {
+	var ifaces []net.Interface
+	if name == "" {
+		ifaces, _ = net.Interfaces()
+	} else if ifc, err := net.InterfaceByName(name); err == nil {
+		ifaces = []net.Interface{*ifc}
+	}
+	var out []netip.Addr
+	for _, ifc := range ifaces {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				out = append(out, p.Addr().Unmap())
+			}
+		}
+	}
+	return out
 }
