@@ -27,7 +27,8 @@ const (
 // root (XDS_ROOT_CA, ...), ISTIOD_SAN, a PROV_CERT or file-mounted client certificate, the
 // istio-token, NDS when DNS capture is on and PCDS with PROXY_CONFIG_XDS_AGENT. TLS follows
 // PROXY_CONFIG's controlPlaneAuthPolicy, except towards port 15010, istiod's plaintext port.
-// A missing xDS root fails xds-proxy's configuration, as it fails Istio's start.
+// A missing xDS root does not stop xds-proxy (it stops Istio): its upstream streams fail
+// until the file appears.
 func (a *Agent) xdsProxy() (*supervisor.Child, error) {
 	cfg, err := a.xdsProxyConfig()
 	if err != nil {

@@ -19,7 +19,6 @@ import (
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/hashicorp/go-hclog"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -231,9 +230,20 @@ func TestUpstreamTLS(t *testing.T) {
 			up.nextRequest(t, ListenerType)
 		})
 	}
-	if _, err := NewProxy(Config{Upstream: Upstream{Address: "x:1", TLS: true, RootCert: filepath.Join(dir, "missing.pem")}}, hclog.NewNullLogger(), nil, nil); err == nil {
-		t.Error("NewProxy with a missing xDS root = nil error, want one")
+
+	// A root that is missing at the start is read when it appears.
+	late := filepath.Join(dir, "late-root.pem")
+	tp := startProxy(t, Config{Upstream: Upstream{Address: "localhost:" + port, TLS: true, RootCert: late}})
+	s := openRaw(t, tp.uri(), sotw)
+	s.send(t, encodeRequest(t, sotw, ListenerType))
+	if _, err := s.recv(); err == nil || !strings.Contains(err.Error(), "root") {
+		t.Fatalf("recv without the root = %v, want an error naming the root", err)
 	}
+	writePEM(t, late, ca.cert.Raw)
+	s = openRaw(t, tp.uri(), sotw)
+	s.send(t, encodeRequest(t, sotw, ListenerType))
+	<-up.opened
+	up.nextRequest(t, ListenerType)
 }
 
 type testCA struct {

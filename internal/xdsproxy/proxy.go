@@ -77,11 +77,6 @@ func NewProxy(cfg Config, log hclog.Logger, bus Publisher, reg prometheus.Regist
 	if cfg.Upstream.Address == "" {
 		return nil, errors.New("no discovery address")
 	}
-	if cfg.Upstream.TLS && cfg.Upstream.RootCert != "" {
-		if _, err := loadRoots(cfg.Upstream.RootCert); err != nil {
-			return nil, err // Istio refuses to start without its xDS root
-		}
-	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -98,6 +93,13 @@ func NewProxy(cfg Config, log hclog.Logger, bus Publisher, reg prometheus.Regist
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(p.server, p)
 	reflection.Register(p.server)
 	log.Info("xDS proxy", "upstream", cfg.Upstream.Address, "cluster", cfg.Upstream.ClusterID, "tls", cfg.Upstream.TLS)
+	// Istio refuses to start without its xDS root; the proxy serves, and reads the root for
+	// every upstream connection, so a root that appears (or rotates) later is used at once.
+	if cfg.Upstream.TLS && cfg.Upstream.RootCert != "" {
+		if _, err := loadRoots(cfg.Upstream.RootCert); err != nil {
+			log.Warn("no usable xDS root yet: upstream connections fail until there is", "error", err)
+		}
+	}
 	return p, nil
 }
 
