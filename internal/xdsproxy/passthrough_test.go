@@ -2,8 +2,6 @@ package xdsproxy
 
 import (
 	"bytes"
-	"errors"
-	"io"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,6 +10,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
 	"math/big"
 	"os"
 	"path/filepath"
