@@ -57,7 +57,7 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 		HandshakeConfig:  handshake(ProtocolVersion),
 		Plugins:          plugin.PluginSet{pluginName: &grpcPlugin{}},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		Logger:           s.Log,
+		Logger:           pluginLogger{s.Log},
 		StartTimeout:     s.StartTimeout,
 		SkipHostEnv:      true,
 		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
@@ -262,3 +262,17 @@ func (r *procRunner) ID() string {
 
 func (r *procRunner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
 func (r *procRunner) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
+
+// pluginLogger demotes to debug go-plugin's two warnings about a shutdown request that raced
+// with the helper's own exit: after a drain that is the normal way a helper ends.
+type pluginLogger struct{ hclog.Logger }
+
+func (l pluginLogger) Warn(msg string, args ...any) {
+	if msg == "error closing client during Kill" || msg == "plugin failed to exit gracefully" {
+		l.Logger.Debug(msg, args...)
+		return
+	}
+	l.Logger.Warn(msg, args...)
+}
+
+func (l pluginLogger) Named(name string) hclog.Logger { return pluginLogger{l.Logger.Named(name)} }
