@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	meshv1 "istio.io/api/mesh/v1alpha1"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/grpcbootstrap"
 	"github.com/agentd/agentd/internal/sds"
 	"github.com/agentd/agentd/internal/supervisor"
 	"github.com/agentd/agentd/internal/xdsproxy"
@@ -18,6 +20,8 @@ import (
 // Istio's xDS paths, relative to the root.
 const (
 	xdsSocket = "etc/istio/proxy/XDS"
+	// defaultGRPCBootstrap is GRPC_XDS_BOOTSTRAP's default.
+	defaultGRPCBootstrap = "etc/istio/proxy/grpc-bootstrap.json"
 	// plaintextPort is istiod's plaintext xDS port: agentd never speaks TLS to it.
 	plaintextPort = "15010"
 )
@@ -30,8 +34,15 @@ const (
 // A missing xDS root does not stop xds-proxy (it stops Istio): its upstream streams fail
 // until the file appears.
 func (a *Agent) xdsProxy() (*supervisor.Child, error) {
-	cfg, err := a.xdsProxyConfig()
+	ecfg, _, err := a.envoyConfig() // the merged ProxyConfig and the node, as Envoy gets them
 	if err != nil {
+		return nil, fmt.Errorf("xds-proxy: %w", err)
+	}
+	cfg, err := a.xdsProxyConfig(ecfg.ProxyConfig)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.writeGRPCBootstrap(ecfg); err != nil {
 		return nil, err
 	}
 	return a.helper("xds-proxy", cfg, supervisor.Socket{
@@ -39,12 +50,8 @@ func (a *Agent) xdsProxy() (*supervisor.Child, error) {
 	}), nil
 }
 
-func (a *Agent) xdsProxyConfig() (*agentv1.XDSProxyConfig, error) {
+func (a *Agent) xdsProxyConfig(pc *meshv1.ProxyConfig) (*agentv1.XDSProxyConfig, error) {
 	env := a.opts.getenv
-	pc, err := envoy.MergeProxyConfig(envoy.ProxyConfigSources{Env: env("PROXY_CONFIG")})
-	if err != nil {
-		return nil, err
-	}
 	cfg := &agentv1.XDSProxyConfig{
 		DiscoveryAddress: a.opts.DiscoveryAddress,
 		ClusterId:        firstNonEmpty(env("ISTIO_META_CLUSTER_ID"), env("CLUSTER_ID"), "Kubernetes"),
@@ -62,6 +69,7 @@ func (a *Agent) xdsProxyConfig() (*agentv1.XDSProxyConfig, error) {
 	if !cfg.Tls {
 		return cfg, nil
 	}
+	var err error
 	if cfg.RootCert, err = a.xdsRoot(); err != nil {
 		return nil, err
 	}
@@ -104,4 +112,33 @@ func (a *Agent) xdsRoot() (string, error) {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// writeGRPCBootstrap writes Istio's gRPC xDS bootstrap to GRPC_XDS_BOOTSTRAP (default
+// etc/istio/proxy/grpc-bootstrap.json) on every start, as pilot-agent does: a proxyless gRPC
+// application that reads it resolves xds:/// targets through xds-proxy's socket, as the node
+// Envoy would be (with GENERATOR grpc), with OUTPUT_CERTS as its file_watcher certificates.
+func (a *Agent) writeGRPCBootstrap(ecfg *envoy.Config) error {
+	env := a.opts.getenv
+	node, err := ecfg.Node()
+	if err != nil {
+		return fmt.Errorf("gRPC bootstrap: %w", err)
+	}
+	uri, err := grpcbootstrap.SocketURI(a.rootedPath(xdsSocket))
+	if err != nil {
+		return err
+	}
+	opts := grpcbootstrap.Options{ServerURI: uri, NodeID: node.GetId(), Metadata: node.GetMetadata().AsMap()}
+	if l := node.GetLocality(); l != nil {
+		opts.Locality = &grpcbootstrap.Locality{Region: l.GetRegion(), Zone: l.GetZone(), SubZone: l.GetSubZone()}
+	}
+	if dir := env("OUTPUT_CERTS"); dir != "" {
+		opts.CertDir = a.rootedPath(dir)
+	}
+	path := a.rootedPath(firstNonEmpty(env("GRPC_XDS_BOOTSTRAP"), defaultGRPCBootstrap))
+	if err := grpcbootstrap.WriteFile(path, opts); err != nil {
+		return err
+	}
+	a.log.Info("wrote the gRPC xDS bootstrap", "path", path, "node", opts.NodeID)
+	return nil
 }

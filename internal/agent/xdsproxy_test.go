@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/agentd/agentd/internal/grpcbootstrap"
 	"github.com/agentd/agentd/internal/xdsproxy"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
@@ -72,7 +74,11 @@ func TestXDSProxyConfig(t *testing.T) {
 				defer os.Remove(p)
 			}
 			a := &Agent{opts: Options{Root: root, Env: tt.env, DiscoveryAddress: tt.discovery}, log: hclog.NewNullLogger()}
-			got, err := a.xdsProxyConfig()
+			ecfg, _, err := a.envoyConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := a.xdsProxyConfig(ecfg.ProxyConfig)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -82,7 +88,7 @@ func TestXDSProxyConfig(t *testing.T) {
 		})
 	}
 	a := &Agent{opts: Options{Root: root, Env: []string{"PILOT_CERT_PROVIDER=none"}}, log: hclog.NewNullLogger()}
-	if _, err := a.xdsProxyConfig(); err == nil {
+	if _, err := a.xdsProxy(); err == nil {
 		t.Error("xdsProxyConfig with PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: nil error")
 	}
 	c, err := (&Agent{opts: Options{Root: root, DiscoveryAddress: "x:15010"}, log: hclog.NewNullLogger()}).xdsProxy()
@@ -91,5 +97,48 @@ func TestXDSProxyConfig(t *testing.T) {
 	}
 	if s := c.Sockets[0]; s.Name != xdsproxy.Socket || s.Network != "unix" || s.Address != "etc/istio/proxy/XDS" || s.Mode != 0o666 {
 		t.Errorf("socket = %+v, want unix etc/istio/proxy/XDS 0666", s)
+	}
+}
+
+// TestGRPCBootstrap: building the xds-proxy child writes the gRPC bootstrap at
+// GRPC_XDS_BOOTSTRAP (default etc/istio/proxy/grpc-bootstrap.json) with the XDS socket and
+// the node Istio builds.
+func TestGRPCBootstrap(t *testing.T) {
+	for _, tc := range []struct {
+		name, env, path string
+	}{
+		{"default path", "", "etc/istio/proxy/grpc-bootstrap.json"},
+		{"GRPC_XDS_BOOTSTRAP", "GRPC_XDS_BOOTSTRAP=grpc/b.json", "grpc/b.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			env := []string{"POD_NAME=app-1", "POD_NAMESPACE=ns1", "INSTANCE_IP=10.1.2.3", "ISTIO_META_CLUSTER_ID=c1", "OUTPUT_CERTS=/var/lib/istio/data", tc.env}
+			a := &Agent{opts: Options{Root: root, Env: env, DiscoveryAddress: "127.0.0.1:15010"}, log: hclog.NewNullLogger()}
+			if _, err := a.xdsProxy(); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(filepath.Join(root, tc.path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b grpcbootstrap.Bootstrap
+			if err := json.Unmarshal(data, &b); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := b.XDSServers[0].ServerURI, "unix://"+filepath.Join(root, "etc/istio/proxy/XDS"); got != want {
+				t.Errorf("server_uri = %q, want %q", got, want)
+			}
+			if got, want := b.Node.ID, "sidecar~10.1.2.3~app-1.ns1~ns1.svc.cluster.local"; got != want {
+				t.Errorf("node id = %q, want %q", got, want)
+			}
+			for k, want := range map[string]any{"GENERATOR": "grpc", "CLUSTER_ID": "c1", "NAMESPACE": "ns1", "NAME": "app-1"} {
+				if got := b.Node.Metadata[k]; got != want {
+					t.Errorf("metadata %s = %v, want %v", k, got, want)
+				}
+			}
+			if got := b.CertProviders["default"].Config.CertificateFile; got != "/var/lib/istio/data/cert-chain.pem" {
+				t.Errorf("certificate_file = %q, want OUTPUT_CERTS' cert-chain.pem", got)
+			}
+		})
 	}
 }
