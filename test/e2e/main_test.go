@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/internal/agent"
+	"github.com/agentd/agentd/internal/ca"
 	"github.com/agentd/agentd/internal/control"
 )
 
@@ -42,8 +43,36 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		binDir = dir
+		// A CA for every agentd: sds-server is ready only with a workload certificate.
+		stop, err := startTestCA(dir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "start the test CA: %v\n", err)
+			return 1
+		}
+		defer stop()
 		return m.Run()
 	}())
+}
+
+// caEnv points agentd's sds-server at the in-process test CA (CA_ADDR, CA_ROOT_CA).
+var caEnv []string
+
+// startTestCA serves a CA (Istio's CA API over TLS) on a loopback port for the whole run.
+func startTestCA(dir string) (stop func(), err error) {
+	root := filepath.Join(dir, "test-ca-root.pem")
+	authority, err := ca.New(ca.Options{RootFile: root})
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	caEnv = []string{"CA_ADDR=" + l.Addr().String(), "CA_ROOT_CA=" + root, "ECC_SIGNATURE_ALGORITHM=ECDSA"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = authority.Run(ctx, l) }()
+	return func() { cancel(); <-done }, nil
 }
 
 // bin is the path of a built binary.
@@ -86,7 +115,7 @@ func startAgentd(t *testing.T, env []string, args ...string) *Agentd {
 	a := &Agentd{t: t, Root: root, Log: &syncBuffer{}, done: make(chan struct{})}
 	full := append([]string{"run", "--root", root, "--helpers-dir", binDir, "--dns-address", "127.0.0.1:0"}, args...)
 	a.cmd = exec.Command(bin("agentd"), full...)
-	a.cmd.Env = append(os.Environ(), env...)
+	a.cmd.Env = append(append(os.Environ(), caEnv...), env...) // the test's env wins
 	a.cmd.Stdout, a.cmd.Stderr = a.Log, a.Log
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := a.cmd.Start(); err != nil {
