@@ -64,7 +64,8 @@ func New(opts Options) (*Agent, error) {
 	// agentd's sockets or speak for it.
 	opts.Env = slices.DeleteFunc(slices.Clone(opts.Env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == "LISTEN_PID" || k == "LISTEN_FDS" || k == "LISTEN_FDNAMES" || k == "NOTIFY_SOCKET"
+		return k == "LISTEN_PID" || k == "LISTEN_FDS" || k == "LISTEN_FDNAMES" || k == "NOTIFY_SOCKET" ||
+			k == "WATCHDOG_USEC" || k == "WATCHDOG_PID"
 	})
 	a := &Agent{opts: opts, log: opts.Log, bus: bus.New(), metrics: prometheus.NewRegistry()}
 	if a.children, err = a.buildChildren(); err != nil {
@@ -102,6 +103,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.sup.Run,
 		func(ctx context.Context) error { return control.Serve(ctx, ControlSocket(a.opts.Root), a) },
 		func(ctx context.Context) error { proc.Reap(ctx); return nil },
+		a.notify,
 	}
 	for _, t := range tasks {
 		g.Go(func() error { return t(gctx) })
