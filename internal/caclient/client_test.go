@@ -59,7 +59,7 @@ func (r *recordingCA) last() (metadata.MD, *securityv1alpha1.IstioCertificateReq
 }
 
 // startCA serves rec over TLS on a loopback port and returns its address and root file.
-func startCA(t *testing.T, hosts []string) (*recordingCA, string, string) {
+func startCA(t testing.TB, hosts []string) (*recordingCA, string, string) {
 	t.Helper()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "root-cert.pem")

@@ -23,7 +23,7 @@ import (
 // keyPair is a certificate and key as files hold them.
 type keyPair struct{ cert, key, root []byte }
 
-func newPair(t *testing.T, c *ca.CA, id string) keyPair {
+func newPair(t testing.TB, c *ca.CA, id string) keyPair {
 	t.Helper()
 	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	u, _ := url.Parse(id)
@@ -36,7 +36,7 @@ func newPair(t *testing.T, c *ca.CA, id string) keyPair {
 	return keyPair{cert: []byte(cert), key: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), root: c.RootPEM()}
 }
 
-func write(t *testing.T, path string, b []byte) {
+func write(t testing.TB, path string, b []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func write(t *testing.T, path string, b []byte) {
 // kubeletPublish writes files the way the kubelet updates a Secret volume: a new
 // timestamped directory, a "..data_tmp" symlink renamed over "..data", the old directory
 // removed. The visible names are symlinks into ..data.
-func kubeletPublish(t *testing.T, dir string, gen int, files map[string][]byte) {
+func kubeletPublish(t testing.TB, dir string, gen int, files map[string][]byte) {
 	t.Helper()
 	ts := filepath.Join(dir, "..2026_01_01_00_00_0"+string(rune('0'+gen)))
 	if err := os.Mkdir(ts, 0o755); err != nil {
@@ -230,7 +230,7 @@ func TestFilesOnly(t *testing.T) {
 	}
 }
 
-func mustCA(t *testing.T) *ca.CA {
+func mustCA(t testing.TB) *ca.CA {
 	t.Helper()
 	c, err := ca.New(ca.Options{})
 	if err != nil {

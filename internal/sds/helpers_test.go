@@ -60,7 +60,7 @@ type testCA struct {
 	wg  sync.WaitGroup
 }
 
-func startCA(t *testing.T) *testCA {
+func startCA(t testing.TB) *testCA {
 	t.Helper()
 	dir := t.TempDir()
 	c, err := ca.New(ca.Options{RootFile: filepath.Join(dir, "root-cert.pem"), TTL: 24 * time.Hour})
@@ -78,7 +78,7 @@ func startCA(t *testing.T) *testCA {
 	return tc
 }
 
-func (tc *testCA) start(t *testing.T, addr string) {
+func (tc *testCA) start(t testing.TB, addr string) {
 	t.Helper()
 	var l net.Listener
 	var err error
@@ -112,7 +112,7 @@ func (tc *testCA) stop() {
 	tc.wg.Wait()
 }
 
-func (tc *testCA) client(t *testing.T, onRetry func(error)) *caclient.Client {
+func (tc *testCA) client(t testing.TB, onRetry func(error)) *caclient.Client {
 	t.Helper()
 	c, err := caclient.New(caclient.Options{Address: tc.addr, RootCertFile: tc.rootFile, OnRetry: onRetry})
 	if err != nil {
@@ -165,7 +165,7 @@ type sdsUnderTest struct {
 	reg  *prometheus.Registry
 }
 
-func startSDS(t *testing.T, o Options) *sdsUnderTest {
+func startSDS(t testing.TB, o Options) *sdsUnderTest {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "sds") // short: Unix socket paths are limited to 108 bytes
 	if err != nil {
@@ -199,7 +199,7 @@ func startSDS(t *testing.T, o Options) *sdsUnderTest {
 }
 
 // withCA is the Options of a server using tc as its CA, with ECDSA keys (fast).
-func withCA(t *testing.T, tc *testCA, s **sdsUnderTest, id string, ttl time.Duration) Options {
+func withCA(t testing.TB, tc *testCA, s **sdsUnderTest, id string, ttl time.Duration) Options {
 	return Options{
 		CA: tc.client(t, func(err error) {
 			if *s != nil {
@@ -212,12 +212,12 @@ func withCA(t *testing.T, tc *testCA, s **sdsUnderTest, id string, ttl time.Dura
 	}
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 // metric returns the value of the counter or gauge name (summed over its series).
-func (s *sdsUnderTest) metric(t *testing.T, name string) float64 {
+func (s *sdsUnderTest) metric(t testing.TB, name string) float64 {
 	t.Helper()
 	mfs, err := s.reg.Gather()
 	if err != nil {
@@ -238,7 +238,7 @@ func (s *sdsUnderTest) metric(t *testing.T, name string) float64 {
 }
 
 // eventually polls cond every 20ms until it holds or 30s have passed.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
@@ -249,7 +249,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func dial(t *testing.T, sock string) *grpc.ClientConn {
+func dial(t testing.TB, sock string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -261,13 +261,13 @@ func dial(t *testing.T, sock string) *grpc.ClientConn {
 
 // sotw is an SDS SotW client stream, as Envoy opens one per resource.
 type sotw struct {
-	t      *testing.T
+	t      testing.TB
 	stream secretv3.SecretDiscoveryService_StreamSecretsClient
 	names  []string
 	cancel context.CancelFunc
 }
 
-func watch(t *testing.T, conn *grpc.ClientConn, names ...string) *sotw {
+func watch(t testing.TB, conn *grpc.ClientConn, names ...string) *sotw {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	st, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
@@ -330,7 +330,7 @@ func (c *sotw) until(name string, cond func(*tlsv3.Secret) bool) *tlsv3.Secret {
 }
 
 // fetch opens a new stream for one resource and returns the first answer (or its error).
-func fetch(t *testing.T, conn *grpc.ClientConn, name string) (*tlsv3.Secret, error) {
+func fetch(t testing.TB, conn *grpc.ClientConn, name string) (*tlsv3.Secret, error) {
 	t.Helper()
 	c := watch(t, conn, name)
 	defer c.cancel()
@@ -344,7 +344,7 @@ func fetch(t *testing.T, conn *grpc.ClientConn, name string) (*tlsv3.Secret, err
 	return nil, fmt.Errorf("response without %s", name)
 }
 
-func leaf(t *testing.T, s *tlsv3.Secret) *x509.Certificate {
+func leaf(t testing.TB, s *tlsv3.Secret) *x509.Certificate {
 	t.Helper()
 	certs, err := caclient.ParsePEMCerts(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
 	if err != nil {
@@ -353,9 +353,9 @@ func leaf(t *testing.T, s *tlsv3.Secret) *x509.Certificate {
 	return certs[0]
 }
 
-func serial(t *testing.T, s *tlsv3.Secret) string { return leaf(t, s).SerialNumber.String() }
+func serial(t testing.TB, s *tlsv3.Secret) string { return leaf(t, s).SerialNumber.String() }
 
-func pair(t *testing.T, s *tlsv3.Secret) tls.Certificate {
+func pair(t testing.TB, s *tlsv3.Secret) tls.Certificate {
 	t.Helper()
 	tc := s.GetTlsCertificate()
 	c, err := tls.X509KeyPair(tc.GetCertificateChain().GetInlineBytes(), tc.GetPrivateKey().GetInlineBytes())
@@ -365,7 +365,7 @@ func pair(t *testing.T, s *tlsv3.Secret) tls.Certificate {
 	return c
 }
 
-func pool(t *testing.T, s *tlsv3.Secret) *x509.CertPool {
+func pool(t testing.TB, s *tlsv3.Secret) *x509.CertPool {
 	t.Helper()
 	certs, err := caclient.ParsePEMCerts(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
 	if err != nil {
@@ -408,7 +408,7 @@ type mtlsServer struct {
 	wg   sync.WaitGroup
 }
 
-func startMTLS(t *testing.T, cert tls.Certificate, roots *x509.CertPool, clientID string) *mtlsServer {
+func startMTLS(t testing.TB, cert tls.Certificate, roots *x509.CertPool, clientID string) *mtlsServer {
 	t.Helper()
 	m := &mtlsServer{}
 	m.cert.Store(&cert)
@@ -440,7 +440,7 @@ func startMTLS(t *testing.T, cert tls.Certificate, roots *x509.CertPool, clientI
 }
 
 // dialMTLS connects to addr with cert, checking the server's identity, and checks an echo.
-func dialMTLS(t *testing.T, addr string, cert tls.Certificate, roots *x509.CertPool, serverID string) *tls.Conn {
+func dialMTLS(t testing.TB, addr string, cert tls.Certificate, roots *x509.CertPool, serverID string) *tls.Conn {
 	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{
 		Certificates:       []tls.Certificate{cert},
@@ -456,7 +456,7 @@ func dialMTLS(t *testing.T, addr string, cert tls.Certificate, roots *x509.CertP
 	return c
 }
 
-func echo(t *testing.T, c *tls.Conn) {
+func echo(t testing.TB, c *tls.Conn) {
 	t.Helper()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Write([]byte("ping")); err != nil {
@@ -470,7 +470,7 @@ func echo(t *testing.T, c *tls.Conn) {
 
 func spiffe(ns, sa string) string { return caclient.SPIFFEID("cluster.local", ns, sa) }
 
-func uriOf(t *testing.T, s *tlsv3.Secret) string {
+func uriOf(t testing.TB, s *tlsv3.Secret) string {
 	t.Helper()
 	l := leaf(t, s)
 	if len(l.URIs) != 1 {
