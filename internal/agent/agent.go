@@ -68,6 +68,9 @@ func New(opts Options) (*Agent, error) {
 			k == "WATCHDOG_USEC" || k == "WATCHDOG_PID"
 	})
 	a := &Agent{opts: opts, log: opts.Log, bus: bus.New(), metrics: prometheus.NewRegistry()}
+	if err := a.loadVM(); err != nil {
+		return nil, err
+	}
 	if a.children, err = a.buildChildren(); err != nil {
 		return nil, err
 	}
