@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Benchmarks dns-proxy behind `agentd run` against dnsmasq serving the same records, with
+# dnsperf, in one run, side by side: table hits (1000 mesh names) and forwarded names (1000
+# names answered by an upstream dnsmasq that both forward to). Then the same table-hit load
+# during `agentd swap dns-proxy` and during a `kill -9` of dns-proxy, printing lost queries.
+#
+# Usage: scripts/bench/dns.sh        (DURATION=10 seconds per run, CLIENTS=4, OUTSTANDING=100)
+# Needs: go, dnsperf, dnsmasq, dig, curl, python3. Everything listens on 127.0.0.1 only.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+DURATION=${DURATION:-10}
+CLIENTS=${CLIENTS:-4}
+OUTSTANDING=${OUTSTANDING:-100}
+NAMES=${NAMES:-1000}
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+freeport() { # a port free for both UDP and TCP on 127.0.0.1
+	python3 - <<'EOF'
+import socket
+while True:
+    t = socket.socket(); t.bind(("127.0.0.1", 0)); port = t.getsockname()[1]
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.bind(("127.0.0.1", port)); print(port); break
+    except OSError:
+        pass
+    finally:
+        u.close(); t.close()
+EOF
+}
+
+start_dnsmasq() { # PORT ARGS...: a dnsmasq in the foreground, in the background
+	local port=$1; shift
+	dnsmasq --keep-in-foreground --no-resolv --no-hosts --listen-address=127.0.0.1 --bind-interfaces \
+		--port="$port" --conf-file=/dev/null --user=root --pid-file= --log-facility=/dev/null "$@" &
+	pids+=($!)
+}
+
+wait_answer() { # PORT NAME: until the server answers NAME with NOERROR
+	for _ in $(seq 100); do
+		if dig @127.0.0.1 -p "$1" +tries=1 +time=1 "$2" A | grep -q "status: NOERROR"; then return 0; fi
+		sleep 0.1
+	done
+	echo "no answer from 127.0.0.1:$1 for $2" >&2
+	exit 1
+}
+
+echo "building agentd and helpers..." >&2
+go build -o "$work/bin/" ./cmd/...
+
+# Records: mesh names (svcN.nsM.svc.cluster.local) and forwarded names (fwdN.example.net).
+: >"$work/mesh.hosts"
+: >"$work/fwd.hosts"
+: >"$work/hits.txt"
+: >"$work/fwd.txt"
+json='{"@type":"type.googleapis.com/istio.networking.nds.v1.NameTable","table":{'
+for i in $(seq 0 $((NAMES - 1))); do
+	ns="ns$((i % 10))"
+	host="svc$i.$ns.svc.cluster.local"
+	ip="10.$((i / 65536 % 256)).$((i / 256 % 256)).$((i % 256))"
+	echo "$ip $host" >>"$work/mesh.hosts"
+	echo "$host A" >>"$work/hits.txt"
+	echo "198.51.$((i / 256 % 256)).$((i % 256)) fwd$i.example.net" >>"$work/fwd.hosts"
+	echo "fwd$i.example.net A" >>"$work/fwd.txt"
+	[ "$i" -gt 0 ] && json+=','
+	json+="\"$host\":{\"ips\":[\"$ip\"],\"registry\":\"Kubernetes\",\"shortname\":\"svc$i\",\"namespace\":\"$ns\"}"
+done
+json+='}}'
+
+# The upstream resolver both forward to, and dnsmasq as the local DNS under test (no cache for
+# forwarded names: dns-proxy does not cache either, as Istio's does not).
+up=$(freeport)
+start_dnsmasq "$up" --addn-hosts="$work/fwd.hosts" --cache-size=10000 --dns-forward-max=1000
+dm=$(freeport)
+start_dnsmasq "$dm" --addn-hosts="$work/mesh.hosts" --server="127.0.0.1#$up" --cache-size=0 --dns-forward-max=1000
+
+# agentd with DNS capture on, resolving through the same upstream.
+printf 'nameserver 127.0.0.1:%s\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\n' "$up" >"$work/resolv.conf"
+ad=$(freeport)
+mkdir -p "$work/root"
+ISTIO_META_DNS_CAPTURE=true POD_NAMESPACE=ns0 "$work/bin/agentd" run --root "$work/root" --helpers-dir "$work/bin" \
+	--disable-envoy --dns-address "127.0.0.1:$ad" --resolv-conf "$work/resolv.conf" --ready-timeout 5s \
+	>"$work/agentd.log" 2>&1 &
+agentd_pid=$!
+pids+=($agentd_pid)
+sock="$work/root/var/run/agentd/control.sock"
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+curl -sf --unix-socket "$sock" -X POST --data-binary "$json" http://agentd/v1/publish/name-table >/dev/null
+wait_answer "$up" fwd0.example.net
+wait_answer "$dm" svc0.ns0.svc.cluster.local
+wait_answer "$ad" svc0.ns0.svc.cluster.local
+
+perf() { # PORT FILE: "qps avg_latency_ms lost sent"
+	dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 5 2>&1 | awk '
+		/Queries sent:/ {sent=$3}
+		/Queries lost:/ {lost=$3}
+		/Queries per second:/ {qps=$4}
+		/Average Latency/ {lat=$4 * 1000}
+		END {printf "%.0f %.3f %d %d\n", qps, lat, lost, sent}'
+}
+
+row() { # LABEL FILE
+	read -r aq al alost _ < <(perf "$ad" "$2")
+	read -r dq dl dlost _ < <(perf "$dm" "$2")
+	printf "%-22s %12s %10s %6s   %12s %10s %6s   %6.2f\n" "$1" "$aq" "$al" "$alost" "$dq" "$dl" "$dlost" \
+		"$(awk -v a="$aq" -v d="$dq" 'BEGIN{print (d > 0 ? a / d : 0)}')"
+}
+
+echo
+echo "dnsperf, UDP, ${DURATION}s per run, $CLIENTS clients, $OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
+printf "%-22s %12s %10s %6s   %12s %10s %6s   %6s\n" "" "agentd qps" "avg ms" "lost" "dnsmasq qps" "avg ms" "lost" "ratio"
+row "table hits" "$work/hits.txt"
+row "forwarded" "$work/fwd.txt"
+
+dns_proxy_pid() {
+	"$work/bin/agentd" status --root "$work/root" --json | python3 -c '
+import json, sys
+print(next(c["pid"] for c in json.load(sys.stdin)["children"] if c["name"] == "dns-proxy"))'
+}
+
+disrupted() { # LABEL COMMAND...: table-hit load with COMMAND run a third of the way in
+	local label=$1; shift
+	perf "$ad" "$work/hits.txt" >"$work/perf.out" &
+	local perf_pid=$!
+	sleep "$((DURATION / 3))"
+	"$@"
+	wait "$perf_pid"
+	read -r q l lost sent <"$work/perf.out"
+	printf "%-22s %12s %10s %6s of %s sent\n" "$label" "$q" "$l" "$lost" "$sent"
+}
+
+cp "$work/bin/dns-proxy" "$work/dns-proxy-new"
+swap() { "$work/bin/agentd" swap dns-proxy --root "$work/root" --binary "$work/dns-proxy-new" >/dev/null; }
+kill9() {
+	local old
+	old=$(dns_proxy_pid)
+	kill -9 "$old"
+	for _ in $(seq 200); do
+		local now
+		now=$(dns_proxy_pid 2>/dev/null || echo 0)
+		[ "$now" != 0 ] && [ "$now" != "$old" ] && break
+		sleep 0.05
+	done
+}
+
+echo
+echo "table hits through agentd while dns-proxy is replaced (lost = no answer within 5 s)"
+printf "%-22s %12s %10s %6s\n" "" "qps" "avg ms" "lost"
+disrupted "steady (baseline)" true
+disrupted "agentd swap dns-proxy" swap
+disrupted "kill -9 dns-proxy" kill9
