@@ -76,4 +76,3 @@ func BenchmarkSDSPush(b *testing.B) {
 	cancel()
 	stopped.Wait()
 }
-

@@ -32,12 +32,12 @@ func (o *output) write(chain, key, roots []byte) error {
 	if err := os.MkdirAll(o.dir, 0o755); err != nil {
 		return fmt.Errorf("create OUTPUT_CERTS directory: %w", err)
 	}
-	// The key first, then the chain: a reader that loads the pair after seeing the chain
-	// change never sees a new chain with an old key.
+	// The roots, then the key, the chain last: a reader that reloads when the chain changes
+	// never sees a new chain with an old key or roots.
 	for _, f := range []struct {
 		name string
 		b    []byte
-	}{{outputKey, key}, {outputChain, chain}, {outputRoot, roots}} {
+	}{{outputRoot, roots}, {outputKey, key}, {outputChain, chain}} {
 		if len(f.b) == 0 {
 			continue
 		}
