@@ -39,6 +39,7 @@ type Agent struct {
 	metrics  *prometheus.Registry
 	sup      *supervisor.Supervisor
 	children []supervisor.Child
+	status   *statusRun // status.go
 }
 
 // New checks the options and builds the child table; nothing starts yet.
@@ -90,6 +91,9 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.status, err = a.newStatus(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -101,9 +105,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
 	}
 	a.log.Info("starting", "root", a.opts.Root, "helpers", a.opts.HelpersDir, "children", len(a.children))
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(a.status.quittable(ctx))
 	tasks := []func(context.Context) error{
-		a.sup.Run,
+		a.status.around(a.sup.Run),
 		func(ctx context.Context) error { return control.Serve(ctx, ControlSocket(a.opts.Root), a) },
 		func(ctx context.Context) error { proc.Reap(ctx); return nil },
 		a.notify,

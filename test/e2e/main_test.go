@@ -113,7 +113,8 @@ func startAgentd(t *testing.T, env []string, args ...string) *Agentd {
 	t.Helper()
 	root := t.TempDir()
 	a := &Agentd{t: t, Root: root, Log: &syncBuffer{}, done: make(chan struct{})}
-	full := append([]string{"run", "--root", root, "--helpers-dir", binDir, "--dns-address", "127.0.0.1:0"}, args...)
+	full := append([]string{"run", "--root", root, "--helpers-dir", binDir, "--dns-address", "127.0.0.1:0",
+		"--status-port", strconv.Itoa(freePort(t))}, args...) // a later --status-port wins
 	a.cmd = exec.Command(bin("agentd"), full...)
 	a.cmd.Env = append(append(os.Environ(), caEnv...), env...) // the test's env wins
 	a.cmd.Stdout, a.cmd.Stderr = a.Log, a.Log
