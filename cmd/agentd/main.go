@@ -28,6 +28,7 @@ func main() {
 			versionCommand(),
 			proxyCommand(),
 			requestCommand(),
+			waitCommand(),
 		},
 	}
 	if err := app.Run(flagsFirst(app.Commands, os.Args)); err != nil {
