@@ -17,6 +17,7 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/config"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -150,7 +151,7 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 		DeltaStreamClosedFunc:  s.closed,
 		StreamRequestFunc:      s.onRequest,
 		StreamDeltaRequestFunc: s.onDeltaRequest,
-	})
+	}, config.DeactivateLegacyWildcard()) // a request without names gets nothing, not every secret
 	gs := grpc.NewServer(grpc.MaxConcurrentStreams(100000))
 	secretv3.RegisterSecretDiscoveryServiceServer(gs, service{xds: s.xds})
 

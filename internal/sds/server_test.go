@@ -321,3 +321,22 @@ func TestParseFileResource(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestNoWildcard: a request that names no secret is not answered with every secret held.
+func TestNoWildcard(t *testing.T) {
+	c1 := mustCA(t)
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	p := newPair(t, c1, "spiffe://td/a")
+	write(t, cert, p.cert)
+	write(t, key, p.key)
+	s := startSDS(t, Options{FilesOnly: true})
+	conn := dial(t, s.sock)
+	if _, err := fetch(t, conn, FileCertResource(cert, key)); err != nil {
+		t.Fatal(err)
+	}
+	m := watch(t, conn).mustNext() // no names
+	if len(m) != 0 {
+		t.Errorf("a request without names got %d secrets, want none", len(m))
+	}
+}
