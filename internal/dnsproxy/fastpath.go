@@ -13,7 +13,6 @@ import (
 // the general path, which gives the same answers.
 type fastScratch struct {
 	name []byte
-	out  []byte
 }
 
 const (
@@ -22,7 +21,8 @@ const (
 	classINET = 1
 )
 
-func (f *fastScratch) reply(t *Table, pkt []byte) (out []byte, ok bool) {
+// reply appends the reply to pkt to dst.
+func (f *fastScratch) reply(t *Table, pkt, dst []byte) (out []byte, ok bool) {
 	qend, fam, size, hasOpt, ok := f.parse(pkt)
 	if !ok {
 		return nil, false
@@ -39,7 +39,7 @@ func (f *fastScratch) reply(t *Table, pkt []byte) (out []byte, ok bool) {
 	if !w.ok || qend+len(w.section)+extra > size {
 		return nil, false
 	}
-	out = append(f.out[:0], pkt[:qend]...)
+	out = append(dst, pkt[:qend]...)
 	out[2] = 0x84 | pkt[2]&0x01 // QR, AA, the query's RD
 	out[3] = pkt[3] & 0x10      // the query's CD; RA off and NOERROR, as miekg's SetReply
 	binary.BigEndian.PutUint16(out[6:], w.count)
@@ -50,7 +50,6 @@ func (f *fastScratch) reply(t *Table, pkt []byte) (out []byte, ok bool) {
 	if hasOpt {
 		out = append(out, 0, byte(dns.TypeOPT>>8), byte(dns.TypeOPT), localUDPSize>>8, localUDPSize&0xff, 0, 0, 0, 0, 0, 0)
 	}
-	f.out = out
 	return out, true
 }
 

@@ -15,7 +15,7 @@ import (
 func checkQuery(t *testing.T, s *Server, pkt []byte) {
 	t.Helper()
 	var scratch fastScratch
-	fast, fastOK := scratch.reply(s.table.Load(), pkt)
+	fast, fastOK := scratch.reply(s.table.Load(), pkt, nil)
 	req, reject := unpackQuery(pkt)
 	if req == nil {
 		if fastOK {
@@ -98,7 +98,7 @@ func TestFastPathMatchesGeneralPath(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						if _, ok := new(fastScratch).reply(s.table.Load(), pkt); ok {
+						if _, ok := new(fastScratch).reply(s.table.Load(), pkt, nil); ok {
 							answered++
 						}
 						checkQuery(t, s, pkt)

@@ -18,7 +18,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
@@ -169,12 +172,30 @@ func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Li
 	})
 }
 
-// readUDP answers table hits in place and hands every other query to a goroutine.
+const (
+	// udpBatch is how many datagrams one read (recvmmsg) and one write (sendmmsg) carry.
+	udpBatch = 32
+	// maxUDPQuery is the largest query read; a longer one is dropped.
+	maxUDPQuery = 4096
+)
+
+// readUDP reads queries in batches, answers the table hits in place and writes their
+// replies in one batch, and hands every other query to a goroutine.
 func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync.WaitGroup) error {
-	buf := make([]byte, dns.MaxMsgSize)
+	var bc batchConn = ipv4.NewPacketConn(conn)
+	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
+		bc = ipv6.NewPacketConn(conn)
+	}
+	in := make([]ipv4.Message, udpBatch)
+	out := make([]ipv4.Message, 0, udpBatch)
+	replies := make([][]byte, udpBatch)
+	for i := range in {
+		in[i].Buffers = [][]byte{make([]byte, maxUDPQuery)}
+		replies[i] = make([]byte, 0, 1232)
+	}
 	var scratch fastScratch
 	for {
-		n, addr, err := conn.ReadFromUDPAddrPort(buf)
+		n, err := bc.ReadBatch(in, 0)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -182,27 +203,55 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 			s.log.Debug("read udp", "error", err)
 			continue
 		}
-		pkt := buf[:n]
-		if t := s.table.Load(); t != nil {
-			if out, ok := scratch.reply(t, pkt); ok {
-				s.metrics.requests.Inc()
-				if _, err := conn.WriteToUDPAddrPort(out, addr); err != nil {
-					s.log.Debug("write udp reply", "client", addr, "error", err)
-				}
+		t := s.table.Load()
+		out = out[:0]
+		for i := range in[:n] {
+			m := &in[i]
+			addr, ok := m.Addr.(*net.UDPAddr)
+			if !ok || m.Flags&unix.MSG_TRUNC != 0 {
 				continue
 			}
+			pkt := m.Buffers[0][:m.N]
+			if t != nil {
+				if reply, ok := scratch.reply(t, pkt, replies[i][:0]); ok {
+					s.metrics.requests.Inc()
+					replies[i] = reply
+					out = append(out, ipv4.Message{Buffers: [][]byte{reply}, Addr: addr})
+					continue
+				}
+			}
+			s.goSlow(work, inflight, conn, pkt, addr.AddrPort())
 		}
-		select {
-		case s.slots <- struct{}{}:
-		default:
-			continue // overloaded: drop, the client retries
+		for len(out) > 0 {
+			n, err := bc.WriteBatch(out, 0)
+			if err != nil {
+				s.log.Debug("write udp replies", "error", err)
+				break
+			}
+			out = out[n:]
 		}
-		q := append([]byte(nil), pkt...)
-		inflight.Go(func() {
-			defer func() { <-s.slots }()
-			s.serveUDPSlow(work, conn, q, addr)
-		})
 	}
+}
+
+// batchConn is ipv4.PacketConn or ipv6.PacketConn.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// goSlow answers a query on the general path in a goroutine, or drops it when too many are
+// in flight (the client retries).
+func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, conn *net.UDPConn, pkt []byte, addr netip.AddrPort) {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return
+	}
+	q := append([]byte(nil), pkt...)
+	inflight.Go(func() {
+		defer func() { <-s.slots }()
+		s.serveUDPSlow(work, conn, q, addr)
+	})
 }
 
 // serveUDPSlow answers one UDP query the fast path did not, accepting and rejecting

@@ -93,8 +93,11 @@ ISTIO_META_DNS_CAPTURE=true POD_NAMESPACE=ns0 "$work/bin/agentd" run --root "$wo
 agentd_pid=$!
 pids+=($agentd_pid)
 sock="$work/root/var/run/agentd/control.sock"
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-curl -sf --unix-socket "$sock" -X POST --data-binary "$json" http://agentd/v1/publish/name-table >/dev/null
+for i in $(seq 100); do
+	curl -sf --unix-socket "$sock" -X POST --data-binary "$json" http://agentd/v1/publish/name-table >/dev/null && break
+	[ "$i" = 100 ] && { echo "cannot publish the name table on agentd's control socket" >&2; cat "$work/agentd.log" >&2; exit 1; }
+	sleep 0.1
+done
 wait_answer "$up" fwd0.example.net
 wait_answer "$dm" svc0.ns0.svc.cluster.local
 wait_answer "$ad" svc0.ns0.svc.cluster.local
