@@ -1,0 +1,289 @@
+// Package deploy checks agentd's deployment files: the Kubernetes manifests decode strictly
+// into the Kubernetes API types and carry Istio's sidecar as its injector writes it, the
+// injection values agree with them, and the VM install stages the systemd units.
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// decodeStrict decodes YAML into out as the API server's strict decoding does: duplicate
+// keys and fields that out's type does not have are errors.
+func decodeStrict(data []byte, out any) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return fmt.Errorf("yaml: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("decode %T: %w", out, err)
+	}
+	return nil
+}
+
+// documents splits a YAML stream at its "---" lines, leaving out empty documents.
+func documents(data []byte) [][]byte {
+	var out [][]byte
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
+		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) != "" {
+			out = append(out, []byte(doc))
+		}
+	}
+	return out
+}
+
+// podSpecs decodes every Kubernetes object under kubernetes/ strictly and returns the pod
+// specs it holds, by file and object name. Files without a kind are Helm values (checked in
+// TestInjectionValues).
+func podSpecs(t *testing.T) map[string]*corev1.PodSpec {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests under kubernetes/: %v", err)
+	}
+	specs := map[string]*corev1.PodSpec{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range documents(data) {
+			var meta struct{ APIVersion, Kind string }
+			if err := yaml.Unmarshal(doc, &meta); err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			name := fmt.Sprintf("%s/%s", filepath.Base(f), meta.Kind)
+			switch meta.APIVersion + "/" + meta.Kind {
+			case "v1/Pod":
+				var pod corev1.Pod
+				if err := decodeStrict(doc, &pod); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+				specs[name] = &pod.Spec
+			case "apps/v1/Deployment":
+				var d appsv1.Deployment
+				if err := decodeStrict(doc, &d); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+				specs[name] = &d.Spec.Template.Spec
+			case "/":
+				if !strings.HasSuffix(f, "-values.yaml") {
+					t.Errorf("%s document %d has no apiVersion and kind", f, i)
+				}
+			default:
+				t.Errorf("%s document %d: %s %s is not checked by this test: add it", f, i, meta.APIVersion, meta.Kind)
+			}
+		}
+	}
+	return specs
+}
+
+func TestManifestsDecodeStrictly(t *testing.T) {
+	specs := podSpecs(t)
+	for _, want := range []string{"pod.yaml/Pod", "deployment.yaml/Deployment"} {
+		if specs[want] == nil {
+			t.Errorf("no %s", want)
+		}
+	}
+}
+
+// TestDecodeStrictRejects checks that the strict decoding used above would catch the
+// mistakes it is there for.
+func TestDecodeStrictRejects(t *testing.T) {
+	tests := []struct{ name, doc, want string }{
+		{"unknown field", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: a\n    imagePullPolicyy: Always\n", "unknown field"},
+		{"misplaced field", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: a\n    securityContext:\n      fsGroup: 1337\n", "unknown field"},
+		{"duplicate key", "apiVersion: v1\nkind: Pod\nkind: Pod\n", "already set"},
+		{"wrong type", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: a\n    ports:\n    - containerPort: \"80\"\n", "cannot unmarshal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := decodeStrict([]byte(tt.doc), &corev1.Pod{})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("decodeStrict = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// istioArgs are the istio-proxy arguments of Istio's injection template with its default
+// values; agentd takes them unchanged.
+var istioArgs = []string{
+	"proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local",
+	"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info",
+}
+
+// istioEnv are variables Istio's template always gives istio-proxy, and agentd reads.
+var istioEnv = []string{
+	"PILOT_CERT_PROVIDER", "CA_ADDR", "POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "SERVICE_ACCOUNT",
+	"HOST_IP", "PROXY_CONFIG", "ISTIO_META_POD_PORTS", "ISTIO_META_APP_CONTAINERS", "ISTIO_META_CLUSTER_ID",
+	"ISTIO_META_INTERCEPTION_MODE", "ISTIO_META_WORKLOAD_NAME", "ISTIO_META_OWNER", "TRUST_DOMAIN",
+}
+
+// istioMounts are Istio's istio-proxy mounts (Kubernetes, istiod certificates,
+// third-party JWT), then agentd's writable directories.
+var istioMounts = map[string]string{
+	"/var/run/secrets/workload-spiffe-uds":         "workload-socket",
+	"/var/run/secrets/credential-uds":              "credential-socket",
+	"/var/run/secrets/workload-spiffe-credentials": "workload-certs",
+	"/var/run/secrets/istio":                       "istiod-ca-cert",
+	"/var/lib/istio/data":                          "istio-data",
+	"/etc/istio/proxy":                             "istio-envoy",
+	"/var/run/secrets/tokens":                      "istio-token",
+	"/etc/istio/pod":                               "istio-podinfo",
+	"/var/run/agentd":                              "agentd-run",
+	"/tmp":                                         "agentd-tmp",
+}
+
+func TestSidecarAsIstioInjectsIt(t *testing.T) {
+	for name, spec := range podSpecs(t) {
+		t.Run(name, func(t *testing.T) {
+			proxy := container(spec.Containers, "istio-proxy")
+			if proxy == nil {
+				t.Fatal("no istio-proxy container")
+			}
+			if !slices.Equal(proxy.Args, istioArgs) || len(proxy.Command) != 0 {
+				t.Errorf("istio-proxy command %q args %q, want the image's entrypoint with %q", proxy.Command, proxy.Args, istioArgs)
+			}
+			if !strings.Contains(proxy.Image, "agentd") {
+				t.Errorf("istio-proxy image %q is not agentd's", proxy.Image)
+			}
+			env := map[string]bool{}
+			for _, e := range proxy.Env {
+				if env[e.Name] {
+					t.Errorf("env %s set twice", e.Name)
+				}
+				env[e.Name] = true
+			}
+			for _, k := range istioEnv {
+				if !env[k] {
+					t.Errorf("env %s missing", k)
+				}
+			}
+			checkPorts(t, proxy)
+			checkSecurity(t, proxy)
+			checkVolumes(t, spec, proxy)
+			if init := container(spec.InitContainers, "istio-init"); init == nil || strings.Contains(init.Image, "agentd") {
+				t.Errorf("istio-init must run Istio's image (agentd has no istio-iptables): %+v", init)
+			}
+		})
+	}
+}
+
+func checkPorts(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 15090 || c.Ports[0].Name != "http-envoy-prom" {
+		t.Errorf("ports %+v, want Istio's http-envoy-prom 15090", c.Ports)
+	}
+	for probeName, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.IntValue() != 15021 {
+			t.Errorf("%s probe %+v, want GET :15021/healthz/ready (Envoy's health listener)", probeName, p)
+		}
+	}
+}
+
+func checkSecurity(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1337 || sc.RunAsGroup == nil || *sc.RunAsGroup != 1337 ||
+		sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("security context %+v, want Istio's: UID/GID 1337, non-root, read-only root, no escalation, all capabilities dropped", sc)
+	}
+}
+
+// checkVolumes checks Istio's mounts and agentd's, and that every mount has its volume.
+func checkVolumes(t *testing.T, spec *corev1.PodSpec, c *corev1.Container) {
+	t.Helper()
+	volumes := map[string]*corev1.Volume{}
+	for i := range spec.Volumes {
+		volumes[spec.Volumes[i].Name] = &spec.Volumes[i]
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m.Name
+		if volumes[m.Name] == nil {
+			t.Errorf("mount %s: no volume %s", m.MountPath, m.Name)
+		}
+	}
+	for path, name := range istioMounts {
+		if mounts[path] != name {
+			t.Errorf("mount at %s is %q, want volume %q", path, mounts[path], name)
+		}
+	}
+	tok := volumes["istio-token"]
+	if tok == nil || tok.Projected == nil || len(tok.Projected.Sources) != 1 || tok.Projected.Sources[0].ServiceAccountToken == nil ||
+		tok.Projected.Sources[0].ServiceAccountToken.Audience != "istio-ca" || tok.Projected.Sources[0].ServiceAccountToken.Path != "istio-token" {
+		t.Errorf("istio-token volume %+v, want the projected token istio-token, audience istio-ca", tok)
+	}
+	if v := volumes["istiod-ca-cert"]; v == nil || v.ConfigMap == nil || v.ConfigMap.Name != "istio-ca-root-cert" {
+		t.Errorf("istiod-ca-cert volume %+v, want ConfigMap istio-ca-root-cert", v)
+	}
+}
+
+// TestInjectionValues checks that the agentd injection template is a pod fragment that
+// decodes strictly, and that pod.yaml is what it gives: the same image, mounts and volumes.
+func TestInjectionValues(t *testing.T) {
+	data, err := os.ReadFile("kubernetes/istiod-values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		SidecarInjectorWebhook struct {
+			DefaultTemplates []string          `json:"defaultTemplates"`
+			Templates        map[string]string `json:"templates"`
+		} `json:"sidecarInjectorWebhook"`
+	}
+	if err := decodeStrict(data, &values); err != nil {
+		t.Fatal(err)
+	}
+	if got := values.SidecarInjectorWebhook.DefaultTemplates; !slices.Equal(got, []string{"sidecar", "agentd"}) {
+		t.Errorf("defaultTemplates = %v, want Istio's sidecar, then agentd", got)
+	}
+	var tmpl corev1.Pod
+	if err := decodeStrict([]byte(values.SidecarInjectorWebhook.Templates["agentd"]), &tmpl); err != nil {
+		t.Fatalf("agentd template: %v", err)
+	}
+	overlay := container(tmpl.Spec.Containers, "istio-proxy")
+	if overlay == nil || len(tmpl.Spec.Containers) != 1 || len(tmpl.Spec.InitContainers) != 0 {
+		t.Fatalf("agentd template containers %+v, want istio-proxy only", tmpl.Spec.Containers)
+	}
+	pod := podSpecs(t)["pod.yaml/Pod"]
+	proxy := container(pod.Containers, "istio-proxy")
+	if overlay.Image != proxy.Image {
+		t.Errorf("template image %q, pod.yaml's %q", overlay.Image, proxy.Image)
+	}
+	for _, m := range overlay.VolumeMounts {
+		if !slices.ContainsFunc(proxy.VolumeMounts, func(pm corev1.VolumeMount) bool { return pm.Name == m.Name && pm.MountPath == m.MountPath }) {
+			t.Errorf("pod.yaml's istio-proxy lacks the template's mount %+v", m)
+		}
+	}
+	for _, v := range tmpl.Spec.Volumes {
+		if !slices.ContainsFunc(pod.Volumes, func(pv corev1.Volume) bool { return pv.Name == v.Name && pv.EmptyDir != nil }) {
+			t.Errorf("pod.yaml lacks the template's volume %s", v.Name)
+		}
+	}
+}
+
+func container(cs []corev1.Container, name string) *corev1.Container {
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	return nil
+}
