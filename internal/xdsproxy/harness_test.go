@@ -199,6 +199,7 @@ type fakeUpstream struct {
 	kill     chan struct{}     // ends the current stream with an error
 	recv     chan *frame       // every request, as it arrives
 	opened   chan openedStream // each new stream
+	ended    chan struct{}     // each stream that ended
 }
 
 // openedStream is what the upstream saw of a new stream.
@@ -214,13 +215,14 @@ func startFakeUpstream(t testing.TB, opts ...grpc.ServerOption) *fakeUpstream {
 		t.Fatal(err)
 	}
 	u := &fakeUpstream{addr: l.Addr().String(), send: make(chan []byte, 16), kill: make(chan struct{}, 1),
-		recv: make(chan *frame, 1000), opened: make(chan openedStream, 16)}
+		recv: make(chan *frame, 1000), opened: make(chan openedStream, 16), ended: make(chan struct{}, 16)}
 	g := grpc.NewServer(append(opts, grpc.ForceServerCodecV2(codec{}), grpc.UnknownServiceHandler(u.handle))...)
 	serveGRPC(t, g, l)
 	return u
 }
 
 func (u *fakeUpstream) handle(_ any, ss grpc.ServerStream) error {
+	defer func() { u.ended <- struct{}{} }()
 	md, _ := metadata.FromIncomingContext(ss.Context())
 	u.mu.Lock()
 	u.streams++

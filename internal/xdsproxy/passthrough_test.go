@@ -29,6 +29,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/agentd/agentd/internal/component"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
 // rawStream is a client stream of the proxy that sends and receives exact bytes.
@@ -316,4 +320,72 @@ func writeKeyPair(t testing.TB, dir, name string, c tls.Certificate) [2]string {
 		t.Fatal(err)
 	}
 	return [2]string{certPath, keyPath}
+}
+
+// TestProxyConfigConsumed: with PCDS on, the proxy asks for it after the client's first LDS
+// request, publishes its CA certificates as the trust bundle, ACKs it, and ignores an empty
+// response (no ACK), as Istio does.
+func TestProxyConfigConsumed(t *testing.T) {
+	for _, f := range []*flavour{sotw, delta} {
+		t.Run(f.name, func(t *testing.T) {
+			up := startFakeUpstream(t)
+			tp := startProxy(t, Config{Upstream: Upstream{Address: up.addr}, ProxyConfig: true})
+			s := openRaw(t, tp.uri(), f)
+			s.send(t, encodeRequest(t, f, ListenerType))
+			<-up.opened
+			up.nextRequest(t, ProxyConfigType)
+
+			if f == sotw {
+				up.send <- mustMarshal(t, &discoveryv3.DiscoveryResponse{TypeUrl: ProxyConfigType, Nonce: "pc-0"})
+			} else {
+				up.send <- mustMarshal(t, &discoveryv3.DeltaDiscoveryResponse{TypeUrl: ProxyConfigType, Nonce: "pc-0"})
+			}
+			pc, err := anypb.New(&meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{"root-1", "root-2"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			up.send <- encodeResponse(t, f, ProxyConfigType, "pc-1", pc)
+			ack := f.request("", nil)
+			if err := proto.Unmarshal(up.nextRequest(t, ProxyConfigType).data, ack); err != nil {
+				t.Fatal(err)
+			}
+			if nonce, detail := nonceAndDetail(ack); nonce != "pc-1" || detail != nil {
+				t.Errorf("first PCDS request after the responses: nonce %q, detail %v; want the ACK of pc-1 (none for the empty pc-0)", nonce, detail)
+			}
+			var tb agentv1.TrustBundle
+			tp.bus.waitRetained(t, component.TopicTrustBundle, &tb)
+			if got := tb.GetCaCertificatesPem(); len(got) != 2 || got[0] != "root-1" || got[1] != "root-2" {
+				t.Errorf("trust bundle = %v, want [root-1 root-2]", got)
+			}
+		})
+	}
+}
+
+// TestEitherEndEndsBoth: a client that goes away ends its upstream stream; an upstream
+// stream that fails ends the client's stream with the upstream's status.
+func TestEitherEndEndsBoth(t *testing.T) {
+	up := startFakeUpstream(t)
+	tp := startProxy(t, Config{Upstream: Upstream{Address: up.addr}})
+	s := openRaw(t, tp.uri(), sotw)
+	s.send(t, encodeRequest(t, sotw, ListenerType))
+	<-up.opened
+	up.nextRequest(t, ListenerType)
+	s.CloseSend()
+	select {
+	case <-up.ended:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the upstream stream outlived its client")
+	}
+	waitFor(t, "a counted client end", func() bool {
+		return tp.counter(t, "istio_agent_envoy_connection_terminations", "type", "cancelled") == 1
+	})
+
+	s = openRaw(t, tp.uri(), sotw)
+	s.send(t, encodeRequest(t, sotw, ListenerType))
+	<-up.opened
+	up.nextRequest(t, ListenerType)
+	up.kill <- struct{}{}
+	if _, err := s.recv(); err == nil || !strings.Contains(err.Error(), "stream killed by the test") {
+		t.Errorf("client's recv after the upstream failed = %v, want the upstream's status", err)
+	}
 }
