@@ -69,7 +69,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.ForwardTimeout = 5 * time.Second
 	}
 	if cfg.UDPReaders <= 0 {
-		cfg.UDPReaders = 2
+		cfg.UDPReaders = 1
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4096
@@ -187,11 +187,10 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 		bc = ipv6.NewPacketConn(conn)
 	}
 	in := make([]ipv4.Message, udpBatch)
-	out := make([]ipv4.Message, 0, udpBatch)
-	replies := make([][]byte, udpBatch)
+	replies := make([]ipv4.Message, udpBatch) // reused, so that a batch allocates nothing
 	for i := range in {
 		in[i].Buffers = [][]byte{make([]byte, maxUDPQuery)}
-		replies[i] = make([]byte, 0, 1232)
+		replies[i].Buffers = [][]byte{make([]byte, 0, localUDPSize)}
 	}
 	var scratch fastScratch
 	for {
@@ -204,7 +203,7 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 			continue
 		}
 		t := s.table.Load()
-		out = out[:0]
+		out := replies[:0]
 		for i := range in[:n] {
 			m := &in[i]
 			addr, ok := m.Addr.(*net.UDPAddr)
@@ -213,10 +212,11 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 			}
 			pkt := m.Buffers[0][:m.N]
 			if t != nil {
-				if reply, ok := scratch.reply(t, pkt, replies[i][:0]); ok {
+				r := &replies[len(out)]
+				if reply, ok := scratch.reply(t, pkt, r.Buffers[0][:0]); ok {
 					s.metrics.requests.Inc()
-					replies[i] = reply
-					out = append(out, ipv4.Message{Buffers: [][]byte{reply}, Addr: addr})
+					r.Buffers[0], r.Addr = reply, addr
+					out = out[:len(out)+1]
 					continue
 				}
 			}

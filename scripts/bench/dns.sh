@@ -82,13 +82,14 @@ up=$(freeport)
 start_dnsmasq "$up" --addn-hosts="$work/fwd.hosts" --cache-size=10000 --dns-forward-max=1000
 dm=$(freeport)
 start_dnsmasq "$dm" --addn-hosts="$work/mesh.hosts" --server="127.0.0.1#$up" --cache-size=0 --dns-forward-max=1000
+dm_pid=$!
 
 # agentd with DNS capture on, resolving through the same upstream.
 printf 'nameserver 127.0.0.1:%s\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\n' "$up" >"$work/resolv.conf"
 ad=$(freeport)
 mkdir -p "$work/root"
 ISTIO_META_DNS_CAPTURE=true POD_NAMESPACE=ns0 "$work/bin/agentd" run --root "$work/root" --helpers-dir "$work/bin" \
-	--disable-envoy --dns-address "127.0.0.1:$ad" --resolv-conf "$work/resolv.conf" --ready-timeout 5s \
+	--disable-envoy --dns-address "127.0.0.1:$ad" --resolv-conf "$work/resolv.conf" --ready-timeout 5s --status-port "$(freeport)" \
 	>"$work/agentd.log" 2>&1 &
 agentd_pid=$!
 pids+=($agentd_pid)
@@ -102,33 +103,43 @@ wait_answer "$up" fwd0.example.net
 wait_answer "$dm" svc0.ns0.svc.cluster.local
 wait_answer "$ad" svc0.ns0.svc.cluster.local
 
-perf() { # PORT FILE: "qps avg_latency_ms lost sent"
-	dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 5 2>&1 | awk '
+cputicks() { # PID: user+system clock ticks so far
+	awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+perf() { # PORT FILE [PID]: "qps avg_latency_ms lost sent cpu_us_per_query" (cpu of PID)
+	local before=0 after=0
+	[ -n "${3:-}" ] && before=$(cputicks "$3")
+	dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 5 >"$work/dnsperf.out" 2>&1
+	[ -n "${3:-}" ] && after=$(cputicks "$3")
+	awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
 		/Queries sent:/ {sent=$3}
 		/Queries lost:/ {lost=$3}
+		/Queries completed:/ {done=$3}
 		/Queries per second:/ {qps=$4}
 		/Average Latency/ {lat=$4 * 1000}
-		END {printf "%.0f %.3f %d %d\n", qps, lat, lost, sent}'
+		END {printf "%.0f %.3f %d %d %.1f\n", qps, lat, lost, sent, (done > 0 ? ticks / hz * 1e6 / done : 0)}' "$work/dnsperf.out"
 }
 
 row() { # LABEL FILE
-	read -r aq al alost _ < <(perf "$ad" "$2")
-	read -r dq dl dlost _ < <(perf "$dm" "$2")
-	printf "%-22s %12s %10s %6s   %12s %10s %6s   %6.2f\n" "$1" "$aq" "$al" "$alost" "$dq" "$dl" "$dlost" \
+	read -r aq al alost _ acpu < <(perf "$ad" "$2" "$(dns_proxy_pid)")
+	read -r dq dl dlost _ dcpu < <(perf "$dm" "$2" "$dm_pid")
+	printf "%-12s %10s %7s %5s %7s   %10s %7s %5s %7s   %6.2f\n" "$1" "$aq" "$al" "$alost" "$acpu" "$dq" "$dl" "$dlost" "$dcpu" \
 		"$(awk -v a="$aq" -v d="$dq" 'BEGIN{print (d > 0 ? a / d : 0)}')"
 }
-
-echo
-echo "dnsperf, UDP, ${DURATION}s per run, $CLIENTS clients, $OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
-printf "%-22s %12s %10s %6s   %12s %10s %6s   %6s\n" "" "agentd qps" "avg ms" "lost" "dnsmasq qps" "avg ms" "lost" "ratio"
-row "table hits" "$work/hits.txt"
-row "forwarded" "$work/fwd.txt"
 
 dns_proxy_pid() {
 	"$work/bin/agentd" status --root "$work/root" --json | python3 -c '
 import json, sys
 print(next(c["pid"] for c in json.load(sys.stdin)["children"] if c["name"] == "dns-proxy"))'
 }
+
+echo
+echo "dnsperf, UDP, ${DURATION}s per run, $CLIENTS clients, $OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
+echo "(cpu = CPU time of dns-proxy or dnsmasq per answered query, in microseconds)"
+printf "%-12s %10s %7s %5s %7s   %10s %7s %5s %7s   %6s\n" "" "agentd qps" "avg ms" "lost" "cpu us" "dnsmasq" "avg ms" "lost" "cpu us" "ratio"
+row "table hits" "$work/hits.txt"
+row "forwarded" "$work/fwd.txt"
 
 disrupted() { # LABEL COMMAND...: table-hit load with COMMAND run a third of the way in
 	local label=$1; shift
@@ -137,7 +148,7 @@ disrupted() { # LABEL COMMAND...: table-hit load with COMMAND run a third of the
 	sleep "$((DURATION / 3))"
 	"$@"
 	wait "$perf_pid"
-	read -r q l lost sent <"$work/perf.out"
+	read -r q l lost sent _ <"$work/perf.out"
 	printf "%-22s %12s %10s %6s of %s sent\n" "$label" "$q" "$l" "$lost" "$sent"
 }
 
