@@ -48,3 +48,24 @@ func TestFrameTypeURL(t *testing.T) {
 		})
 	}
 }
+
+// FuzzTypeURL: whenever protobuf decodes a response, the frame reads the same type URL.
+func FuzzTypeURL(f *testing.F) {
+	for _, m := range []proto.Message{
+		&discoveryv3.DiscoveryResponse{TypeUrl: ListenerType, Nonce: "n", VersionInfo: "1"},
+		&discoveryv3.DiscoveryResponse{TypeUrl: "a"},
+	} {
+		b, _ := proto.Marshal(m)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r discoveryv3.DiscoveryResponse
+		if proto.Unmarshal(data, &r) != nil {
+			return
+		}
+		got, err := stringField(data, sotw.responseTypeURL)
+		if err != nil || got != r.TypeUrl {
+			t.Errorf("stringField = %q, %v; protobuf decodes %q", got, err, r.TypeUrl)
+		}
+	})
+}
