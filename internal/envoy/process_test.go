@@ -456,6 +456,11 @@ func TestProcessStopSteps(t *testing.T) {
 			t.Cleanup(func() { e.p.Kill(); <-e.Exited() })
 			if tt.admin {
 				eventually(t, "the admin API", func() bool { _, err := e.Admin().Stats(context.Background(), "x"); return err == nil })
+			} else { // the shell has set its trap and become sleep
+				eventually(t, "sleep to run", func() bool {
+					comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", e.Pid()))
+					return strings.TrimSpace(string(comm)) == "sleep"
+				})
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()

@@ -139,14 +139,36 @@ func applyProxyConfig(pc *meshv1.ProxyConfig, doc string) error {
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(js, overlay); err != nil {
 		return fmt.Errorf("parse ProxyConfig: %w", err)
 	}
-	overlayMessage(pc.ProtoReflect(), overlay.ProtoReflect())
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(js, &keys); err != nil {
+		return fmt.Errorf("parse ProxyConfig: %w", err)
+	}
+	overlayMessage(pc.ProtoReflect(), overlay.ProtoReflect(), keys)
 	return nil
 }
 
-// overlayMessage copies every field set in src into dst: messages merge recursively (except
-// well-known types, which replace), maps merge by key, lists and scalars replace.
-func overlayMessage(dst, src protoreflect.Message) {
-	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+// overlayMessage copies into dst every field that the JSON object keys names, from src (its
+// decoding), zero values included: messages merge recursively (except well-known types,
+// which replace), maps merge by key, lists and scalars replace.
+func overlayMessage(dst, src protoreflect.Message, keys map[string]json.RawMessage) {
+	fields := src.Descriptor().Fields()
+	for key, raw := range keys {
+		fd := fields.ByJSONName(key)
+		if fd == nil {
+			fd = fields.ByName(protoreflect.Name(key))
+		}
+		if fd == nil {
+			continue // unknown: tolerated
+		}
+		if !src.Has(fd) {
+			dst.Clear(fd) // present with its zero value (or null)
+			if fd.ContainingOneof() != nil && string(raw) != "null" {
+				dst.Set(fd, src.Get(fd)) // a oneof member set to its zero value is still set
+			}
+			continue
+		}
+		v := src.Get(fd)
+		var nested map[string]json.RawMessage
 		switch {
 		case fd.IsMap():
 			m := dst.Mutable(fd).Map()
@@ -156,13 +178,13 @@ func overlayMessage(dst, src protoreflect.Message) {
 			})
 		case fd.IsList():
 			dst.Set(fd, v)
-		case fd.Message() != nil && !strings.HasPrefix(string(fd.Message().FullName()), "google.protobuf.") && dst.Has(fd):
-			overlayMessage(dst.Mutable(fd).Message(), v.Message())
+		case fd.Message() != nil && !strings.HasPrefix(string(fd.Message().FullName()), "google.protobuf.") &&
+			dst.Has(fd) && json.Unmarshal(raw, &nested) == nil:
+			overlayMessage(dst.Mutable(fd).Message(), v.Message(), nested)
 		default:
 			dst.Set(fd, v)
 		}
-		return true
-	})
+	}
 }
 
 // ValidateProxyConfig checks the fields agentd relies on, as Istio's

@@ -144,3 +144,19 @@ func TestServiceCluster(t *testing.T) {
 		}
 	}
 }
+
+func TestMergeProxyConfigZeroValues(t *testing.T) {
+	pc, err := MergeProxyConfig(ProxyConfigSources{
+		MeshConfig: "defaultConfig: {statNameLength: 100, proxyMetadata: {A: a}}",
+		Env:        `{"controlPlaneAuthPolicy": "NONE", "statNameLength": 0}`,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.ControlPlaneAuthPolicy != meshv1.AuthenticationPolicy_NONE {
+		t.Errorf("controlPlaneAuthPolicy = %v, want NONE (a zero value that overrides the default)", pc.ControlPlaneAuthPolicy)
+	}
+	if pc.StatNameLength != 0 || pc.ProxyMetadata["A"] != "a" {
+		t.Errorf("statNameLength = %d, proxyMetadata = %v", pc.StatNameLength, pc.ProxyMetadata)
+	}
+}

@@ -59,9 +59,8 @@ func run(ctx context.Context, o *options) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The process exits as soon as run returns, as Envoy does: nothing waits for wg.
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
 
 	admin, err := s.serveAdmin(ctx, &wg)
 	if err != nil {
