@@ -131,3 +131,22 @@ func TestSwapCommand(t *testing.T) {
 		t.Errorf("the old dns-proxy (pid %d) still runs after the swap", before["dns-proxy"])
 	}
 }
+
+// TestRestartCommand: `agentd restart NAME` replaces one child and leaves the others alone;
+// an unknown name is an error.
+func TestRestartCommand(t *testing.T) {
+	a := startAgentd(t, nil, "--disable-envoy")
+	before := childPids(t, a.WaitReady())
+	if out, err := a.CLI("restart", "prober"); err != nil {
+		t.Fatalf("agentd restart prober: %v\n%s", err, out)
+	}
+	after := childPids(t, a.WaitReady())
+	for name, pid := range before {
+		if changed := after[name] != pid; changed != (name == "prober") {
+			t.Errorf("%s: pid %d → %d after restarting prober", name, pid, after[name])
+		}
+	}
+	if out, err := a.CLI("restart", "nobody"); err == nil || !strings.Contains(out, "no such child") {
+		t.Errorf("restart of an unknown child: %v %q, want an error", err, out)
+	}
+}
