@@ -253,3 +253,28 @@ func write(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzParseEnvFile: the parser never panics, and what it reads, written back with shell
+// single quotes, reads back the same.
+func FuzzParseEnvFile(f *testing.F) {
+	for _, s := range []string{clusterEnv, "export A=1 B='x y' # c\n", `A="a \"q\" \\"`, "A=one\\\ntwo", "A='it'\\''s'"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		kvs, err := ParseEnvFile(text)
+		if err != nil {
+			return
+		}
+		var b strings.Builder
+		for _, kv := range kvs {
+			b.WriteString(kv[0] + "='" + strings.ReplaceAll(kv[1], "'", `'\''`) + "'\n")
+		}
+		again, err := ParseEnvFile(b.String())
+		if err != nil {
+			t.Fatalf("ParseEnvFile(%q) = %v, reading back %q", text, err, b.String())
+		}
+		if diff := cmp.Diff(kvs, again); diff != "" {
+			t.Fatalf("ParseEnvFile(%q) read back differently (-first +again):\n%s", text, diff)
+		}
+	})
+}
