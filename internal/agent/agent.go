@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentd/agentd/internal/bus"
 	"github.com/agentd/agentd/internal/control"
+	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/proc"
 	"github.com/agentd/agentd/internal/supervisor"
 )
@@ -40,6 +41,8 @@ type Agent struct {
 	sup      *supervisor.Supervisor
 	children []supervisor.Child
 	status   *statusRun // status.go
+	// envoyDrain is shared by Envoy's processes and the status server (envoy.go).
+	envoyDrain envoy.DrainControl
 }
 
 // New checks the options and builds the child table; nothing starts yet.

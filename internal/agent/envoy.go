@@ -187,6 +187,7 @@ func (a *Agent) envoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
 		MinimumDrainDuration:        durs["MINIMUM_DRAIN_DURATION"],
 		MaxDrainDuration:            durs["AGENTD_MAX_DRAIN_DURATION"],
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
+		Control:                     &a.envoyDrain,
 		Prepare:                     prepare,
 		Cleanup:                     cleanup,
 		Log:                         a.log.Named("envoy"),

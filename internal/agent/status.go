@@ -69,7 +69,7 @@ func (a *Agent) newStatus() (*statusRun, error) {
 		Sources:              a.helperMetrics,
 		App:                  app,
 		MetricsLocalhostOnly: bools["METRICS_LOCALHOST_ACCESS_ONLY"],
-		Quit:                 func() { run.stop(errQuit) },
+		Quit:                 func() { a.envoyDrain.Skip(); run.stop(errQuit) }, // Istio: no drain
 		NameTable:            a.nameTable,
 		Log:                  a.log.Named("status"),
 	}
@@ -83,6 +83,7 @@ func (a *Agent) newStatus() (*statusRun, error) {
 		}
 		admin := envoy.NewAdmin(popts.AdminHost, popts.AdminPort)
 		cfg.Drain = func() {
+			a.envoyDrain.Skip() // the coming SIGTERM exits at once, as Istio's
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := admin.DrainListeners(ctx, popts.InboundOnly, true); err != nil {

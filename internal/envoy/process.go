@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,12 +47,25 @@ type ProcessOptions struct {
 	// PollInterval is how often active connections are counted (default 1 s, as Istio).
 	PollInterval time.Duration
 
+	// Control is shared by every process of the Envoy child (default: one per process).
+	Control *DrainControl
+
 	// Prepare runs before each start, e.g. to write the bootstrap; Cleanup after each exit.
 	Prepare func() error
 	Cleanup func()
 
 	Log hclog.Logger // Envoy's output lines and the lifecycle steps
 }
+
+// DrainControl changes how Envoy's coming drains go, whichever process is running: agentd's
+// /quitquitquit (stop without draining) and /drain (drained already) use it.
+type DrainControl struct{ skip atomic.Bool }
+
+// Skip makes every later Drain return at once.
+func (d *DrainControl) Skip() { d.skip.Store(true) }
+
+// Skipped tells whether Skip was called.
+func (d *DrainControl) Skipped() bool { return d.skip.Load() }
 
 // Launch returns the supervisor's constructor of Envoy processes.
 func Launch(o ProcessOptions) supervisor.Launch {
@@ -71,7 +85,6 @@ type Process struct {
 	mu         sync.Mutex
 	configSeen bool // CDS and LDS accepted once; cached, as Istio's probe does
 	live       bool // LIVE with workers started once
-	skipDrain  bool // DrainNow was called: the next Drain returns at once
 }
 
 // Start starts Envoy from binary in its own process group, with SIGKILL as its
@@ -82,6 +95,9 @@ func Start(binary string, o ProcessOptions) (*Process, error) {
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = time.Second
+	}
+	if o.Control == nil {
+		o.Control = &DrainControl{}
 	}
 	if o.Prepare != nil {
 		if err := o.Prepare(); err != nil {
@@ -186,18 +202,9 @@ func (e *Process) Metrics(ctx context.Context) ([]byte, error) { return e.admin.
 // DrainNow drains Envoy's listeners at once and keeps it running afterwards (skip_exit), and
 // makes the next Drain return at once: Istio's /drain (native sidecars' preStop).
 func (e *Process) DrainNow(ctx context.Context) error {
-	e.mu.Lock()
-	e.skipDrain = true
-	e.mu.Unlock()
+	e.o.Control.Skip()
 	e.log.Info("draining Envoy now; the coming stop will not drain again")
 	return e.admin.DrainListeners(ctx, e.o.InboundOnly, true)
-}
-
-// SkipDrain makes the next Drain return at once: Istio's /quitquitquit.
-func (e *Process) SkipDrain() {
-	e.mu.Lock()
-	e.skipDrain = true
-	e.mu.Unlock()
 }
 
 // Drain is Istio's graceful termination: ask Envoy to drain its listeners gracefully, then
@@ -205,11 +212,8 @@ func (e *Process) SkipDrain() {
 // duration and then until no downstream connection is left (bounded by MaxDrainDuration). It
 // returns early when Envoy exits or ctx ends; Envoy keeps running.
 func (e *Process) Drain(ctx context.Context) error {
-	e.mu.Lock()
-	skip := e.skipDrain
-	e.mu.Unlock()
-	if skip {
-		e.log.Info("skipping drain")
+	if e.o.Control.Skipped() {
+		e.log.Info("skipping drain: /quitquitquit or /drain was called")
 		return nil
 	}
 	e.log.Info("draining Envoy's listeners", "inbound_only", e.o.InboundOnly)

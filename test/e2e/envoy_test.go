@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,23 +29,39 @@ func envoyBinary(t *testing.T) string {
 // envoyTree is an `agentd run` with Envoy, devplane for xDS and certificates, on free ports.
 type envoyTree struct {
 	*Agentd
-	admin *envoy.Admin
+	admin      *envoy.Admin
+	statusPort int // agentd's status server
+	readyPort  int // Envoy's readiness listener (ENVOY_STATUS_PORT)
 }
 
 func startEnvoyTree(t *testing.T, proxyConfig string, env ...string) *envoyTree {
 	t.Helper()
 	caAddr, rootFile, xdsAddr := sdsDevplane(t, time.Hour)
-	adminPort := freePort(t)
+	adminPort, statusPort, readyPort := freePort(t), freePort(t), freePort(t)
 	pc := fmt.Sprintf(`{"controlPlaneAuthPolicy":"NONE","proxyAdminPort":%d%s}`, adminPort, proxyConfig)
 	env = append([]string{
 		"CA_ADDR=" + caAddr, "CA_ROOT_CA=" + rootFile, "ECC_SIGNATURE_ALGORITHM=ECDSA",
 		"POD_NAME=app-1", "POD_NAMESPACE=ns", "SERVICE_ACCOUNT=sa", "INSTANCE_IP=127.0.0.1",
 		"PROXY_CONFIG=" + pc,
-		"ENVOY_STATUS_PORT=" + strconv.Itoa(freePort(t)), "ENVOY_PROMETHEUS_PORT=" + strconv.Itoa(freePort(t)),
+		"ENVOY_STATUS_PORT=" + strconv.Itoa(readyPort), "ENVOY_PROMETHEUS_PORT=" + strconv.Itoa(freePort(t)),
 	}, env...)
 	a := startAgentd(t, env, "--discovery-address", xdsAddr, "--envoy-binary", envoyBinary(t),
-		"--status-port", strconv.Itoa(freePort(t)))
-	return &envoyTree{Agentd: a, admin: envoy.NewAdmin("127.0.0.1", adminPort)}
+		"--status-port", strconv.Itoa(statusPort))
+	return &envoyTree{Agentd: a, admin: envoy.NewAdmin("127.0.0.1", adminPort), statusPort: statusPort, readyPort: readyPort}
+}
+
+// get returns the status code of GET url (0 when it fails).
+func httpStatus(method, url string) int {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 func (e *envoyTree) stat(t *testing.T, name string) uint64 {
@@ -72,8 +89,9 @@ func TestEnvoyReadyAfterXDS(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(tree.Root, envoy.BootstrapFile)); err != nil {
 		t.Errorf("bootstrap: %v", err)
 	}
-	if out, err := exec.Command(bin("agentd"), "request", "--debug-port", "15000", "GET", "server_info").CombinedOutput(); err == nil && !strings.Contains(string(out), "{") {
-		t.Logf("agentd request on the default admin port answered %q", out) // only informative: the test's admin port is not 15000
+	// The kubelet's readiness probe goes through Envoy's 15021 listener to the status server.
+	if code := httpStatus("GET", fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", tree.readyPort)); code != 200 {
+		t.Errorf("GET /healthz/ready through Envoy = %d, want 200", code)
 	}
 }
 
@@ -122,6 +140,9 @@ func TestEnvoyDrainWaitsForClient(t *testing.T) {
 	waitFor(t, "two checks that see the open connection", func() bool {
 		return strings.Count(tree.Log.String(), "there are still active connections") >= 2
 	})
+	if code := httpStatus("GET", fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", tree.readyPort)); code != 503 {
+		t.Errorf("GET /healthz/ready through Envoy while draining = %d, want 503", code)
+	}
 	select {
 	case <-tree.done:
 		t.Fatal("agentd exited while a client connection was open")
@@ -163,14 +184,52 @@ func TestEnvoyDrainTerminationDuration(t *testing.T) {
 		"graceful termination period complete", "stopping Envoy")
 }
 
-// TestProxySidecarCommand: `agentd proxy sidecar` with the exact arguments of Istio's
+// TestEnvoyQuitQuitQuit: POST /quitquitquit on the status port stops the tree without
+// draining Envoy (Jobs and CronJobs use it), exit status 0.
+func TestEnvoyQuitQuitQuit(t *testing.T) {
+	tree := startEnvoyTree(t, `,"terminationDrainDuration":"60s"`)
+	tree.WaitReady()
+	if code := httpStatus("POST", fmt.Sprintf("http://127.0.0.1:%d/quitquitquit", tree.statusPort)); code != 200 {
+		t.Fatalf("POST /quitquitquit = %d", code)
+	}
+	if code := tree.Wait(); code != 0 { // well before the 60 s drain: Wait gives up at 60 s
+		t.Errorf("agentd exited %d, want 0", code)
+	}
+	assertOrder(t, tree.Log.String(), "skipping drain", "stopping Envoy", "Envoy exited normally")
+	if strings.Contains(tree.Log.String(), "draining Envoy's listeners") {
+		t.Error("Envoy was drained after /quitquitquit")
+	}
+}
+
+// TestEnvoyDrainEndpoint: POST /drain (native sidecars' preStop) drains Envoy now, and the
+// SIGTERM that follows stops the tree at once.
+func TestEnvoyDrainEndpoint(t *testing.T) {
+	tree := startEnvoyTree(t, `,"terminationDrainDuration":"60s"`)
+	tree.WaitReady()
+	if code := httpStatus("POST", fmt.Sprintf("http://127.0.0.1:%d/drain", tree.statusPort)); code != 200 {
+		t.Fatalf("POST /drain = %d", code)
+	}
+	waitFor(t, "Envoy to drain", func() bool { return tree.stat(t, "server.state") == 1 })
+	tree.Signal(syscall.SIGTERM)
+	if code := tree.Wait(); code != 0 {
+		t.Errorf("agentd exited %d, want 0", code)
+	}
+	assertOrder(t, tree.Log.String(), "signal: stopping gracefully", "skipping drain", "stopping Envoy")
+}
+
+// TestProxySidecarCommand: `pilot-agent proxy sidecar` (agentd under that name) with the exact arguments of Istio's
 // injection template, run as the container runs it (working directory = root), starts the
 // same tree as `agentd run`.
 func TestProxySidecarCommand(t *testing.T) {
 	caAddr, rootFile, xdsAddr := sdsDevplane(t, time.Hour)
 	root := t.TempDir()
 	adminPort := freePort(t)
-	cmd := exec.Command(bin("agentd"), "proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local",
+	// As the istio-proxy image runs it: a binary named pilot-agent (a link to agentd).
+	pilotAgent := filepath.Join(binDir, "pilot-agent")
+	if err := os.Symlink(bin("agentd"), pilotAgent); err != nil && !os.IsExist(err) {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(pilotAgent, "proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local",
 		"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(),
