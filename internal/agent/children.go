@@ -47,7 +47,7 @@ func (a *Agent) helper(name string, config proto.Message, sockets ...supervisor.
 				Binary:       binary,
 				Files:        files,
 				Sockets:      names,
-				Env:          a.opts.Env,
+				Env:          helperEnv(name, a.opts.Env),
 				Config:       config,
 				Root:         a.opts.Root,
 				Bus:          a.bus.Server(),

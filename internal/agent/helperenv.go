@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"slices"
+	"strings"
+)
+
+// Every Istio setting a helper uses is read here, in agentd, and handed to the helper in its
+// typed configuration (see <helper>.go): no helper package reads an Istio variable itself
+// (TestHelperEnvCoversGetenv checks the sources). A helper's environment is therefore only
+// what its process and libraries read, so that a secret in agentd's environment (a token, a
+// CA header) reaches no process that does not need it.
+var (
+	// helperEnvCommon is what every helper reads: its log level (component.Serve), the Go
+	// runtime's settings, the time zone of its log lines and grpc-go's logging.
+	helperEnvCommon = []string{
+		"AGENTD_LOG_LEVEL",
+		"GOGC", "GOMEMLIMIT", "GODEBUG", "GOMAXPROCS", "GOTRACEBACK",
+		"TZ",
+		"GRPC_GO_LOG_SEVERITY_LEVEL", "GRPC_GO_LOG_VERBOSITY_LEVEL", "GRPC_GO_LOG_FORMATTER",
+	}
+	// helperEnvUpstream is what a helper that dials the control plane or the CA reads as
+	// grpc-go and crypto/x509 do: the HTTPS proxy (Istio's agent honours it too) and the
+	// system roots (XDS_ROOT_CA=SYSTEM, CA_ROOT_CA=SYSTEM).
+	helperEnvUpstream = []string{
+		"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy",
+		"SSL_CERT_FILE", "SSL_CERT_DIR",
+	}
+	// helperEnvAllowed is each helper's list beyond the common one. dns-proxy reads its
+	// upstreams from the resolv.conf it is given; the prober only dials the pod's own
+	// addresses, never through a proxy.
+	helperEnvAllowed = map[string][]string{
+		"xds-proxy":  helperEnvUpstream,
+		"sds-server": helperEnvUpstream,
+	}
+)
+
+// helperEnv returns the variables of env that the helper name may see, in env's order.
+func helperEnv(name string, env []string) []string {
+	allowed := helperEnvAllowed[name]
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return !slices.Contains(helperEnvCommon, k) && !slices.Contains(allowed, k)
+	})
+}
