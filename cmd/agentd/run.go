@@ -27,7 +27,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "helpers-dir", Usage: "directory of the helper binaries (default: agentd's own)"},
 			&cli.BoolFlag{Name: "disable-envoy", EnvVars: []string{"DISABLE_ENVOY"}, Usage: "run without Envoy (proxyless gRPC)"},
 			&cli.StringFlag{Name: "envoy-binary", Value: "/usr/local/bin/envoy", Usage: "Envoy's path"},
-			&cli.StringFlag{Name: "discovery-address", Value: "istiod.istio-system.svc:15012", Usage: "upstream xDS server"},
+			&cli.StringFlag{Name: "discovery-address", Usage: "upstream xDS server (default: ProxyConfig discoveryAddress, istiod.istio-system.svc:15012)"},
 			&cli.StringFlag{Name: "dns-address", Value: "localhost:15053", EnvVars: []string{"DNS_PROXY_ADDR"}, Usage: "dns-proxy's UDP and TCP address"},
 			&cli.StringFlag{Name: "resolv-conf", Value: "/etc/resolv.conf", Usage: "dns-proxy's upstream nameservers and search list"},
 			&cli.IntFlag{Name: "status-port", Value: 15020, Usage: "status server port"},

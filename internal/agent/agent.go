@@ -75,6 +75,13 @@ func New(opts Options) (*Agent, error) {
 	if err := a.loadVM(); err != nil {
 		return nil, err
 	}
+	if a.opts.DiscoveryAddress == "" { // from the merged ProxyConfig, as Istio
+		cfg, _, err := a.envoyConfig()
+		if err != nil {
+			return nil, err
+		}
+		a.opts.DiscoveryAddress = cfg.ProxyConfig.GetDiscoveryAddress()
+	}
 	if a.children, err = a.buildChildren(); err != nil {
 		return nil, err
 	}
