@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"istio.io/api/annotation"
@@ -30,6 +31,9 @@ type ProxyArgs struct {
 	StsPort           int    // --stsPort (node metadata only)
 }
 
+// errEnvoyExited is why agentd stops when Envoy exits and AGENTD_EXIT_ON_ENVOY_EXIT is set.
+var errEnvoyExited = errors.New("Envoy exited")
+
 // Istio's defaults for Envoy.
 const (
 	defaultMeshConfigFile = "./etc/istio/config/mesh"
@@ -46,7 +50,9 @@ const (
 // MINIMUM_DRAIN_DURATION (5s), ENVOY_STATUS_PORT (15021), ENVOY_PROMETHEUS_PORT (15090),
 // XDS_ROOT_CA, ENVOY_SKIP_DEPRECATED_LOGS (true), ISTIO_ENVOY_ENABLE_CORE_DUMP,
 // ISTIO_BOOTSTRAP_OVERRIDE, HOST_IP, WORKLOAD_IDENTITY_SOCKET_FILE; and agentd's own
-// AGENTD_MAX_DRAIN_DURATION (25s), the bound of the wait for zero connections.
+// AGENTD_MAX_DRAIN_DURATION (25s), the bound of the wait for zero connections, and
+// AGENTD_EXIT_ON_ENVOY_EXIT (false): true stops agentd when Envoy exits, as Istio's agent does,
+// instead of restarting Envoy.
 func (a *Agent) envoy() (*supervisor.Child, error) {
 	if a.opts.DisableEnvoy {
 		return nil, nil
@@ -105,7 +111,7 @@ func (a *Agent) envoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
 		return nil, envoy.ProcessOptions{}, err
 	}
 	bools, err := envBools(o, map[string]bool{"ISTIO_DELTA_XDS": true, "ISTIO_DUAL_STACK": false, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS": false,
-		"ENVOY_SKIP_DEPRECATED_LOGS": true, "ISTIO_ENVOY_ENABLE_CORE_DUMP": false})
+		"ENVOY_SKIP_DEPRECATED_LOGS": true, "ISTIO_ENVOY_ENABLE_CORE_DUMP": false, "AGENTD_EXIT_ON_ENVOY_EXIT": false})
 	if err != nil {
 		return nil, envoy.ProcessOptions{}, err
 	}
@@ -178,6 +184,23 @@ func (a *Agent) envoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
 	if allColon(cfg.IPs) {
 		localhost = "::1"
 	}
+	var onExit func(error)
+	if bools["AGENTD_EXIT_ON_ENVOY_EXIT"] {
+		var exited atomic.Bool
+		onExit = func(err error) {
+			exited.Store(true)
+			a.log.Warn("Envoy exited: stopping agentd, as Istio's agent does (AGENTD_EXIT_ON_ENVOY_EXIT)", "error", err)
+			a.status.stop(errEnvoyExited)
+		}
+		if write := prepare; write != nil {
+			prepare = func() error {
+				if exited.Load() { // the supervisor's restart, while agentd stops
+					return errEnvoyExited
+				}
+				return write()
+			}
+		}
+	}
 	return cfg, envoy.ProcessOptions{
 		Args: args, Dir: root, Env: o.Env,
 		AdminHost: localhost, AdminPort: int(pc.ProxyAdminPort),
@@ -188,6 +211,7 @@ func (a *Agent) envoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
 		MaxDrainDuration:            durs["AGENTD_MAX_DRAIN_DURATION"],
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
 		Control:                     &a.envoyDrain,
+		OnUnexpectedExit:            onExit,
 		Prepare:                     prepare,
 		Cleanup:                     cleanup,
 		Log:                         a.log.Named("envoy"),

@@ -50,6 +50,10 @@ type ProcessOptions struct {
 	// Control is shared by every process of the Envoy child (default: one per process).
 	Control *DrainControl
 
+	// OnUnexpectedExit is called when Envoy exits without Stop having asked it to (a crash,
+	// a kill -9, an exit of its own): Istio's agent then exits.
+	OnUnexpectedExit func(err error)
+
 	// Prepare runs before each start, e.g. to write the bootstrap; Cleanup after each exit.
 	Prepare func() error
 	Cleanup func()
@@ -81,6 +85,8 @@ type Process struct {
 	admin *Admin
 	log   hclog.Logger
 	done  chan struct{}
+
+	stopping atomic.Bool // Stop was called: the exit is expected
 
 	mu         sync.Mutex
 	configSeen bool // CDS and LDS accepted once; cached, as Istio's probe does
@@ -155,6 +161,9 @@ func (e *Process) wait(pr *os.File, copied <-chan struct{}) {
 	}
 	if e.o.Cleanup != nil {
 		e.o.Cleanup()
+	}
+	if !e.stopping.Load() && e.o.OnUnexpectedExit != nil {
+		e.o.OnUnexpectedExit(e.p.Err()) // before Exited: the supervisor must not restart first
 	}
 	close(e.done)
 }
@@ -299,6 +308,7 @@ func (e *Process) sleep(ctx context.Context, d time.Duration) bool {
 // half of the remaining time (at most 5 s), SIGTERM and wait until ctx ends, then SIGKILL
 // of its process group. It returns once Envoy has exited.
 func (e *Process) Stop(ctx context.Context) error {
+	e.stopping.Store(true)
 	steps := []struct {
 		name string
 		do   func() error

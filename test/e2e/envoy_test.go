@@ -293,3 +293,25 @@ func assertOrder(t *testing.T, log string, texts ...string) {
 		at += i + len(s)
 	}
 }
+
+// TestEnvoyExitStopsAgentd: with AGENTD_EXIT_ON_ENVOY_EXIT (Istio's behaviour) a kill -9 of
+// Envoy stops the whole tree, exit status 0, instead of a restart.
+func TestEnvoyExitStopsAgentd(t *testing.T) {
+	tree := startEnvoyTree(t, "", "AGENTD_EXIT_ON_ENVOY_EXIT=true")
+	pids := childPids(t, tree.WaitReady())
+	if err := syscall.Kill(pids["envoy"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := tree.Wait(); code != 0 {
+		t.Errorf("agentd exited %d, want 0", code)
+	}
+	for name, pid := range pids {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) outlived agentd", name, pid)
+		}
+	}
+	if n := strings.Count(tree.Log.String(), "Envoy command"); n != 1 {
+		t.Errorf("Envoy was started %d times, want once", n)
+	}
+	assertOrder(t, tree.Log.String(), "Envoy exited with error", "stopping agentd, as Istio's agent does")
+}
