@@ -52,7 +52,11 @@ func request(port int, method, path, body string) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("port %d is not allowed: 15000, 15020, 15021 or 15004", port)
 	}
-	url := "http://localhost:" + strconv.Itoa(port) + "/" + strings.TrimPrefix(path, "/")
+	return doRequest("http://localhost:"+strconv.Itoa(port), method, path, body)
+}
+
+func doRequest(base, method, path, body string) ([]byte, error) {
+	url := base + "/" + strings.TrimPrefix(path, "/")
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return nil, err
