@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"istio.io/api/annotation"
 
 	"github.com/agentd/agentd/internal/envoy"
@@ -74,6 +75,12 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 	binary := a.opts.EnvoyBinary
 	if binary == "" {
 		binary = cfg.ProxyConfig.BinaryPath
+	}
+	if js, err := protojson.Marshal(cfg.ProxyConfig); err == nil {
+		a.log.Info("effective ProxyConfig", "config", string(js))
+	}
+	if a.opts.Proxy.Concurrency > 0 {
+		a.log.Warn("--concurrency overrides the ProxyConfig's concurrency (legacy flag)", "concurrency", a.opts.Proxy.Concurrency)
 	}
 	a.log.Info("Envoy", "node", cfg.NodeID(), "binary", binary, "args", strings.Join(popts.Args, " "))
 	return &supervisor.Child{Name: "envoy", Binary: binary, Launch: envoy.Launch(popts)}, nil
