@@ -65,8 +65,8 @@ func BenchmarkGeneralPath(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		req, _ := unpackQuery(pkt)
-		if _, err := s.reply(ctx, req, false).Pack(); err != nil {
-			b.Fatal(err)
+		if len(s.reply(ctx, req, false)) == 0 {
+			b.Fatal("no reply")
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -54,12 +53,12 @@ func newForwarder(servers []string, timeout time.Duration, parallel bool, m *met
 	return f
 }
 
-// forward returns the upstream's reply to req (with req's ID), or SERVFAIL when every
-// upstream failed.
-func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
+// forward returns the first upstream reply to req, as received, or nil when every upstream
+// failed.
+func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) []byte {
 	f.metrics.upstreamRequests.Inc()
 	start := time.Now()
-	var resp *dns.Msg
+	var resp []byte
 	if q, err := newUpstreamQuery(req); err == nil {
 		if f.parallel {
 			resp = f.exchangeParallel(ctx, q, tcp)
@@ -70,15 +69,13 @@ func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) *dns.Ms
 	f.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
 	if resp == nil {
 		f.metrics.upstreamFailures.Inc()
-		return rcodeReply(req, dns.RcodeServerFailure)
 	}
-	resp.Id = req.Id
 	return resp
 }
 
 // exchangeSequential asks the upstreams one at a time, in an order shuffled per query as
 // Istio does, and returns the first reply.
-func (f *forwarder) exchangeSequential(ctx context.Context, q upstreamQuery, tcp bool) *dns.Msg {
+func (f *forwarder) exchangeSequential(ctx context.Context, q upstreamQuery, tcp bool) []byte {
 	order := rand.Perm(len(f.upstreams))
 	for _, i := range order {
 		if resp, err := f.exchangeOne(ctx, f.upstreams[i], q, tcp); err == nil {
@@ -92,10 +89,10 @@ func (f *forwarder) exchangeSequential(ctx context.Context, q upstreamQuery, tcp
 }
 
 // exchangeParallel asks every upstream at once and returns the first reply.
-func (f *forwarder) exchangeParallel(ctx context.Context, q upstreamQuery, tcp bool) *dns.Msg {
+func (f *forwarder) exchangeParallel(ctx context.Context, q upstreamQuery, tcp bool) []byte {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	results := make(chan *dns.Msg, len(f.upstreams))
+	results := make(chan []byte, len(f.upstreams))
 	for _, u := range f.upstreams {
 		go func() {
 			resp, _ := f.exchangeOne(ctx, u, q, tcp)
@@ -110,7 +107,7 @@ func (f *forwarder) exchangeParallel(ctx context.Context, q upstreamQuery, tcp b
 	return nil
 }
 
-func (f *forwarder) exchangeOne(ctx context.Context, u *upstream, q upstreamQuery, tcp bool) (*dns.Msg, error) {
+func (f *forwarder) exchangeOne(ctx context.Context, u *upstream, q upstreamQuery, tcp bool) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if tcp {
@@ -134,7 +131,7 @@ func (f *forwarder) close() {
 // upstreamQuery is a query packed for the upstreams; each send sets its own ID.
 type upstreamQuery struct {
 	wire     []byte
-	question dns.Question
+	question []byte // the question section, which the reply must echo
 }
 
 // withID returns a copy of the query with the ID id.
@@ -167,7 +164,7 @@ func newUpstreamQuery(req *dns.Msg) (upstreamQuery, error) {
 	if err != nil {
 		return upstreamQuery{}, fmt.Errorf("pack upstream query: %w", err)
 	}
-	return upstreamQuery{wire: wire, question: q.Question[0]}, nil
+	return upstreamQuery{wire: wire, question: wire[12:questionEnd(wire)]}, nil
 }
 
 func (u *upstream) close() {
@@ -215,16 +212,16 @@ type udpConn struct {
 
 // call is one query waiting for its reply.
 type call struct {
-	question dns.Question
+	question []byte
 	done     chan result
 }
 
 type result struct {
-	msg *dns.Msg
-	err error
+	wire []byte
+	err  error
 }
 
-func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) (*dns.Msg, error) {
+func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) ([]byte, error) {
 	cl := &call{question: q.question, done: make(chan result, 1)}
 	id, err := c.register(cl)
 	if err != nil {
@@ -236,7 +233,7 @@ func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) (*dns.Msg, erro
 	}
 	select {
 	case r := <-cl.done:
-		return r.msg, r.err
+		return r.wire, r.err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("upstream %s: %w", c.conn.RemoteAddr(), ctx.Err())
 	}
@@ -287,14 +284,13 @@ func (c *udpConn) readReplies() {
 		if cl == nil {
 			continue
 		}
-		resp := new(dns.Msg)
-		if resp.Unpack(buf[:n]) != nil || !resp.Response || len(resp.Question) != 1 || !sameQuestion(resp.Question[0], cl.question) {
+		if !isReplyTo(buf[:n], cl.question) {
 			continue
 		}
 		c.mu.Lock()
 		if c.calls[id] == cl {
 			delete(c.calls, id)
-			cl.done <- result{msg: resp}
+			cl.done <- result{wire: append([]byte(nil), buf[:n]...)}
 		}
 		c.mu.Unlock()
 	}
@@ -309,13 +305,15 @@ func (c *udpConn) failAll(err error) {
 	}
 }
 
-func sameQuestion(a, b dns.Question) bool {
-	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
+// isReplyTo reports whether msg is a response that echoes the question section question.
+func isReplyTo(msg, question []byte) bool {
+	return len(msg) >= 12+len(question) && msg[2]&0x80 != 0 && binary.BigEndian.Uint16(msg[4:]) == 1 &&
+		asciiEqualFold(msg[12:12+len(question)], question)
 }
 
 // exchangeTCP sends q on an idle TCP connection, or a new one, one query at a time. A
 // reused connection the upstream has closed meanwhile is retried once on a new one.
-func (u *upstream) exchangeTCP(ctx context.Context, q upstreamQuery) (*dns.Msg, error) {
+func (u *upstream) exchangeTCP(ctx context.Context, q upstreamQuery) ([]byte, error) {
 	for {
 		conn, reused, err := u.tcpConn(ctx)
 		if err != nil {
@@ -364,7 +362,7 @@ func (u *upstream) putIdle(conn *dns.Conn) {
 	u.idle = append(u.idle, conn)
 }
 
-func roundTripTCP(ctx context.Context, conn *dns.Conn, q upstreamQuery) (*dns.Msg, error) {
+func roundTripTCP(ctx context.Context, conn *dns.Conn, q upstreamQuery) ([]byte, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if dl, ok := ctx.Deadline(); ok {
@@ -374,14 +372,15 @@ func roundTripTCP(ctx context.Context, conn *dns.Conn, q upstreamQuery) (*dns.Ms
 	if _, err := conn.Write(q.withID(id)); err != nil {
 		return nil, err
 	}
+	buf := make([]byte, dns.MaxMsgSize)
 	for {
-		resp, err := conn.ReadMsg()
+		n, err := conn.Read(buf)
 		if err != nil {
 			return nil, err
 		}
-		if resp.Id == id && len(resp.Question) == 1 && sameQuestion(resp.Question[0], q.question) {
+		if n >= 12 && binary.BigEndian.Uint16(buf) == id && isReplyTo(buf[:n], q.question) {
 			conn.SetDeadline(time.Time{})
-			return resp, nil
+			return append([]byte(nil), buf[:n]...), nil
 		}
 	}
 }

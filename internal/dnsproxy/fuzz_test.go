@@ -28,10 +28,10 @@ func checkQuery(t *testing.T, s *Server, pkt []byte) {
 		}
 		return
 	}
-	resp := s.reply(context.Background(), req, false)
-	wire, err := resp.Pack()
-	if err != nil {
-		t.Fatalf("pack reply to %x: %v", pkt, err)
+	wire := s.reply(context.Background(), req, false)
+	resp := new(dns.Msg)
+	if err := resp.Unpack(wire); err != nil {
+		t.Fatalf("reply to %x does not unpack: %v", pkt, err)
 	}
 	if len(wire) > maxSize(req, false) {
 		t.Fatalf("reply to %x is %d bytes, over the client's %d", pkt, len(wire), maxSize(req, false))

@@ -4,6 +4,7 @@ package dnsproxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -113,6 +115,16 @@ func (s *Server) Ready() error {
 func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.Listener) error {
 	// Queries already read are answered even after ctx ends; each forward has its timeout.
 	work := context.WithoutCancel(ctx)
+	for _, pc := range udp {
+		if err := setNonblock(pc); err != nil {
+			return err
+		}
+	}
+	for _, l := range tcp {
+		if err := setNonblock(l); err != nil {
+			return err
+		}
+	}
 	var inflight sync.WaitGroup
 	g, gctx := errgroup.WithContext(ctx)
 	for _, pc := range udp {
@@ -150,7 +162,7 @@ func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Li
 		Listener:          l,
 		NotifyStartedFunc: func() { close(started) },
 		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
-			if err := w.WriteMsg(s.reply(work, req, true)); err != nil {
+			if _, err := w.Write(s.reply(work, req, true)); err != nil {
 				s.log.Debug("write tcp reply", "client", w.RemoteAddr(), "error", err)
 			}
 		}),
@@ -180,7 +192,10 @@ const (
 )
 
 // readUDP reads queries in batches, answers the table hits in place and writes their
-// replies in one batch, and hands every other query to a goroutine.
+// replies in one batch, and hands every other query to a goroutine. Reads and writes never
+// block in the kernel (MSG_DONTWAIT), even when another process sharing the socket (agentd
+// starting a child) turned the socket back to blocking mode: a blocking recvmmsg would hold
+// a batch of queries and never see the stop.
 func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync.WaitGroup) error {
 	var bc batchConn = ipv4.NewPacketConn(conn)
 	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
@@ -194,7 +209,7 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 	}
 	var scratch fastScratch
 	for {
-		n, err := bc.ReadBatch(in, 0)
+		n, err := bc.ReadBatch(in, unix.MSG_DONTWAIT)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -223,7 +238,7 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 			s.goSlow(work, inflight, conn, pkt, addr.AddrPort())
 		}
 		for len(out) > 0 {
-			n, err := bc.WriteBatch(out, 0)
+			n, err := bc.WriteBatch(out, unix.MSG_DONTWAIT)
 			if err != nil {
 				s.log.Debug("write udp replies", "error", err)
 				break
@@ -258,19 +273,14 @@ func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, conn *ne
 // malformed queries as miekg's server does.
 func (s *Server) serveUDPSlow(ctx context.Context, conn *net.UDPConn, pkt []byte, addr netip.AddrPort) {
 	req, reject := unpackQuery(pkt)
-	var resp *dns.Msg
+	var out []byte
 	switch {
 	case reject != nil:
-		resp = reject
+		out, _ = reject.Pack()
 	case req != nil:
-		resp = s.reply(ctx, req, false)
+		out = s.reply(ctx, req, false)
 	default:
 		return // not even a header, or a response: drop it
-	}
-	out, err := resp.Pack()
-	if err != nil {
-		s.log.Debug("pack reply", "error", err)
-		return
 	}
 	if _, err := conn.WriteToUDPAddrPort(out, addr); err != nil {
 		s.log.Debug("write udp reply", "client", addr, "error", err)
@@ -308,33 +318,67 @@ func unpackQuery(pkt []byte) (req, reject *dns.Msg) {
 	return nil, reject
 }
 
-// reply answers req with Istio's semantics, truncated to what the client can take.
-func (s *Server) reply(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
+// reply answers req with Istio's semantics, packed and truncated to what the client takes.
+func (s *Server) reply(ctx context.Context, req *dns.Msg, tcp bool) []byte {
 	s.metrics.requests.Inc()
 	if len(req.Question) == 0 {
-		return rcodeReply(req, dns.RcodeServerFailure)
+		return s.finish(req, rcodeReply(req, dns.RcodeServerFailure), tcp)
 	}
 	t := s.table.Load()
-	var resp *dns.Msg
-	switch {
-	case t == nil && !s.cfg.RespondBeforeSync:
-		return rcodeReply(req, dns.RcodeServerFailure)
-	case t == nil:
-		resp = s.fwd.forward(ctx, req, tcp)
-	default:
+	if t == nil && !s.cfg.RespondBeforeSync {
+		return s.finish(req, rcodeReply(req, dns.RcodeServerFailure), tcp)
+	}
+	if t != nil {
 		q := req.Question[0]
 		if answers, found := t.Lookup(strings.ToLower(q.Name), q.Qtype); found {
-			resp = new(dns.Msg)
+			resp := new(dns.Msg)
 			resp.SetReply(req)
 			resp.Authoritative = true
 			resp.Answer = shuffled(answers)
-		} else {
-			resp = s.fwd.forward(ctx, req, tcp)
+			return s.finish(req, resp, tcp)
 		}
 	}
+	wire := s.fwd.forward(ctx, req, tcp)
+	if wire == nil {
+		return s.finish(req, rcodeReply(req, dns.RcodeServerFailure), tcp)
+	}
+	return s.relay(req, wire, tcp)
+}
+
+// finish gives resp an OPT record exactly when req has one, truncates it to what the client
+// takes, and packs it.
+func (s *Server) finish(req, resp *dns.Msg, tcp bool) []byte {
 	matchEDNS(req, resp)
 	resp.Truncate(maxSize(req, tcp))
-	return resp
+	out, err := resp.Pack()
+	if err != nil {
+		s.log.Debug("pack reply", "error", err)
+		out, _ = rcodeReply(req, dns.RcodeServerFailure).Pack()
+	}
+	return out
+}
+
+// relay returns an upstream reply with the client's ID, as the client may receive it: as it
+// came, or without the OPT record dns-proxy added, when that fits; else rebuilt by finish.
+func (s *Server) relay(req *dns.Msg, wire []byte, tcp bool) []byte {
+	binary.BigEndian.PutUint16(wire, req.Id)
+	limit := maxSize(req, tcp)
+	opt := trailingOPT(wire)
+	switch {
+	case opt < 0:
+	case req.IsEdns0() != nil && len(wire) <= limit:
+		return wire
+	case req.IsEdns0() == nil && opt <= limit:
+		wire = wire[:opt]
+		binary.BigEndian.PutUint16(wire[10:], binary.BigEndian.Uint16(wire[10:])-1)
+		return wire
+	}
+	resp := new(dns.Msg)
+	if err := resp.Unpack(wire); err != nil {
+		s.log.Debug("unpack upstream reply", "error", err)
+		resp = rcodeReply(req, dns.RcodeServerFailure)
+	}
+	return s.finish(req, resp, tcp)
 }
 
 // localUDPSize is the EDNS0 size dns-proxy advertises in its replies.
@@ -383,4 +427,27 @@ func shuffled(answers []dns.RR) []dns.RR {
 	}
 	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 	return out
+}
+
+// setNonblock puts an inherited socket back in non-blocking mode: the mode belongs to the
+// socket, shared with agentd and the other processes it was handed to, and starting a child
+// (os/exec takes File.Fd) turns it blocking, where an accept could wait in the kernel past
+// the stop.
+func setNonblock(c any) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("inherited socket: %w", err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = unix.SetNonblock(int(fd), true) }); err != nil {
+		return fmt.Errorf("inherited socket: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("set inherited socket non-blocking: %w", serr)
+	}
+	return nil
 }
