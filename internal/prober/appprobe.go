@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -123,7 +124,9 @@ func sameHostRedirects(req *http.Request, via []*http.Request) error {
 }
 
 // probeDialer dials from the probe source address with SO_LINGER 1 s, as Istio, so that
-// frequent probes do not pile up sockets in TIME_WAIT.
+// frequent probes do not pile up sockets in TIME_WAIT. IP_BIND_ADDRESS_NO_PORT lets the kernel
+// pick the source port at connect time, as for an unbound socket, instead of searching for a
+// port free for every destination at bind time.
 func probeDialer(source *net.TCPAddr, timeout time.Duration) *net.Dialer {
 	return &net.Dialer{
 		LocalAddr: source,
@@ -131,8 +134,9 @@ func probeDialer(source *net.TCPAddr, timeout time.Duration) *net.Dialer {
 		Control: func(_, _ string, c syscall.RawConn) error {
 			var serr error
 			err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptLinger(int(fd), syscall.SOL_SOCKET, syscall.SO_LINGER,
-					&syscall.Linger{Onoff: 1, Linger: 1})
+				serr = errors.Join(
+					unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 1}),
+					unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1))
 			})
 			if err != nil {
 				return err
