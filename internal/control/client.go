@@ -23,6 +23,9 @@ func NewClient(path string) *Client {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		},
+		// One connection per request: a Client is made per command, and an idle
+		// connection left behind would hold a file descriptor in agentd.
+		DisableKeepAlives: true,
 	}}}
 }
 

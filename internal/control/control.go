@@ -61,7 +61,9 @@ func Serve(ctx context.Context, path string, b Backend) error {
 		l.Close()
 		return fmt.Errorf("control socket: %w", err)
 	}
-	srv := &http.Server{Handler: handler(b), ReadHeaderTimeout: 5 * time.Second}
+	// An idle connection ends after a while: a client that keeps connections open must not
+	// accumulate file descriptors and goroutines in agentd.
+	srv := &http.Server{Handler: handler(b), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
