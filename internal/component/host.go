@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -228,7 +229,27 @@ func (r *procRunner) Start(context.Context) error {
 		return err
 	}
 	r.proc = p
+	// os/exec hands each socket down through File.Fd, which puts it in blocking mode, and that
+	// mode belongs to the socket, shared with the child's process still serving it during a
+	// swap: a blocking accept or read there would not return on its drain. Put it back.
+	for _, f := range r.cmd.ExtraFiles {
+		if err := setNonblock(f); err != nil {
+			return fmt.Errorf("restore non-blocking mode of %s: %w", f.Name(), err)
+		}
+	}
 	return nil
+}
+
+func setNonblock(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetNonblock(int(fd), true) }); err != nil {
+		return err
+	}
+	return serr
 }
 
 func (r *procRunner) Wait(context.Context) error {

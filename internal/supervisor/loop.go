@@ -178,18 +178,22 @@ func (s *Supervisor) launch(ctx context.Context, c *child, binary string, timeou
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	var reason error // the last answer, not the deadline that cut the last question short
 	for {
 		err := inst.Ready(ctx)
 		if err == nil {
 			c.log.Info("ready", "pid", inst.Pid())
 			return inst, sum, nil
 		}
+		if ctx.Err() == nil || reason == nil {
+			reason = err
+		}
 		select {
 		case <-inst.Exited():
 			return nil, "", fmt.Errorf("pid %d exited before it was ready: %v", inst.Pid(), inst.Err())
 		case <-ctx.Done():
 			s.stop(c, inst)
-			return nil, "", fmt.Errorf("pid %d not ready after %v: %v", inst.Pid(), timeout, err)
+			return nil, "", fmt.Errorf("pid %d not ready after %v: %v", inst.Pid(), timeout, reason)
 		case <-tick.C:
 		}
 	}
