@@ -462,7 +462,11 @@ func TestProcessStopSteps(t *testing.T) {
 					return strings.TrimSpace(string(comm)) == "sleep"
 				})
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			limit := 2 * time.Second // the shell cases wait it out
+			if tt.admin {
+				limit = 20 * time.Second // Envoy exits after /quitquitquit long before
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), limit)
 			defer cancel()
 			err = e.Stop(ctx)
 			<-e.Exited()

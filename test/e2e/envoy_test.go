@@ -125,16 +125,35 @@ func TestEnvoyKill9Restarted(t *testing.T) {
 // agentd waits until the open client connection closes, then the whole tree exits 0, each
 // step visible in the log in order.
 func TestEnvoyDrainWaitsForClient(t *testing.T) {
-	tree := startEnvoyTree(t, "", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=500ms")
+	// An inbound TCP listener of our own on a free port, added as Istio lets one add to the
+	// bootstrap: ISTIO_BOOTSTRAP_OVERRIDE (devplane's 15001 may be taken on a shared machine).
+	port := freePort(t)
+	override := filepath.Join(t.TempDir(), "override.yaml")
+	if err := os.WriteFile(override, []byte(fmt.Sprintf(`static_resources:
+  listeners:
+  - name: e2e_inbound
+    traffic_direction: INBOUND
+    address: {socket_address: {address: 127.0.0.1, port_value: %d}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: e2e
+          cluster: prometheus_stats
+`, port)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tree := startEnvoyTree(t, "", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=500ms",
+		"ISTIO_BOOTSTRAP_OVERRIDE="+override)
 	pids := childPids(t, tree.WaitReady())
-	// devplane's virtual outbound listener is the one Envoy accepts connections on.
-	conn, err := net.Dial("tcp", "127.0.0.1:15001")
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
-		t.Fatalf("connect to Envoy's outbound listener: %v", err)
+		t.Fatalf("connect to Envoy's inbound listener: %v", err)
 	}
 	defer conn.Close()
 	waitFor(t, "the connection to be counted", func() bool {
-		return tree.stat(t, "listener.0.0.0.0_15001.downstream_cx_active") == 1
+		return tree.stat(t, fmt.Sprintf("listener.127.0.0.1_%d.downstream_cx_active", port)) == 1
 	})
 	tree.Signal(syscall.SIGTERM)
 	waitFor(t, "two checks that see the open connection", func() bool {

@@ -26,10 +26,21 @@ func statName(a *corev3.SocketAddress) string {
 	return fmt.Sprintf("listener.%s_%d", host, a.GetPortValue())
 }
 
-// serveStaticListeners serves the bootstrap's listeners: each routes path prefixes to static
-// clusters, as the HTTP connection manager of Istio's bootstrap does.
+// serveStaticListeners serves the bootstrap's listeners: an HTTP connection manager routes
+// path prefixes to static clusters, as in Istio's bootstrap; any other listener (one added by
+// ISTIO_BOOTSTRAP_OVERRIDE, say) holds connections as the LDS listeners do.
 func (s *server) serveStaticListeners(ctx context.Context, wg *sync.WaitGroup) error {
 	for _, l := range s.bootstrap.GetStaticResources().GetListeners() {
+		if !isHTTP(l) {
+			tl, err := s.startTCPListener(l)
+			if err != nil {
+				return fmt.Errorf("static listener %s: %w", l.GetName(), err)
+			}
+			s.mu.Lock()
+			s.listeners["static/"+l.GetName()] = tl
+			s.mu.Unlock()
+			continue
+		}
 		h, err := s.routeHandler(l)
 		if err != nil {
 			return fmt.Errorf("static listener %s: %w", l.GetName(), err)
@@ -59,6 +70,18 @@ func (s *server) serveStaticListeners(ctx context.Context, wg *sync.WaitGroup) e
 		}
 	}
 	return nil
+}
+
+// isHTTP tells whether a listener's filter is the HTTP connection manager.
+func isHTTP(l *listenerv3.Listener) bool {
+	for _, fc := range l.GetFilterChains() {
+		for _, f := range fc.GetFilters() {
+			if f.GetTypedConfig().MessageIs(&hcmv3.HttpConnectionManager{}) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // routeHandler proxies each route's prefix to its static cluster.

@@ -332,7 +332,7 @@ func (c *xdsClient) applyListeners() {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
 	for name, tl := range c.s.listeners {
-		if want[name] == nil {
+		if want[name] == nil && !strings.HasPrefix(name, "static/") {
 			go tl.close()
 			delete(c.s.listeners, name)
 		}
