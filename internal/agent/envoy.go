@@ -62,6 +62,9 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envoy: %w", err)
 	}
+	if a.opts.StatusPort == 0 { // agent proxy: the status server listens where Istio's would
+		a.opts.StatusPort = int(cfg.ProxyConfig.StatusPort)
+	}
 	// A broken input fails here, before anything starts.
 	if _, err := envoy.Bootstrap(cfg); err != nil && popts.Prepare != nil {
 		return nil, fmt.Errorf("envoy bootstrap: %w", err)

@@ -242,7 +242,7 @@ func TestEnvoyDrainEndpoint(t *testing.T) {
 func TestProxySidecarCommand(t *testing.T) {
 	caAddr, rootFile, xdsAddr := sdsDevplane(t, time.Hour)
 	root := t.TempDir()
-	adminPort := freePort(t)
+	adminPort, statusPort := freePort(t), freePort(t)
 	// As the istio-proxy image runs it: a binary named pilot-agent (a link to agentd).
 	pilotAgent := filepath.Join(binDir, "pilot-agent")
 	if err := os.Symlink(bin("agentd"), pilotAgent); err != nil && !os.IsExist(err) {
@@ -255,7 +255,7 @@ func TestProxySidecarCommand(t *testing.T) {
 		"CA_ADDR="+caAddr, "CA_ROOT_CA="+rootFile, "ECC_SIGNATURE_ALGORITHM=ECDSA",
 		"POD_NAME=app-1", "POD_NAMESPACE=ns", "SERVICE_ACCOUNT=sa", "INSTANCE_IP=127.0.0.1", "DNS_PROXY_ADDR=127.0.0.1:0",
 		fmt.Sprintf(`PROXY_CONFIG={"binaryPath":%q,"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","proxyAdminPort":%d,"statusPort":%d}`,
-			envoyBinary(t), xdsAddr, adminPort, freePort(t)),
+			envoyBinary(t), xdsAddr, adminPort, statusPort),
 		"ENVOY_STATUS_PORT="+strconv.Itoa(freePort(t)), "ENVOY_PROMETHEUS_PORT="+strconv.Itoa(freePort(t)))
 	a := &Agentd{t: t, Root: root, Log: &syncBuffer{}, cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = a.Log, a.Log
@@ -284,6 +284,9 @@ func TestProxySidecarCommand(t *testing.T) {
 	}
 	if want := append(append([]string{}, helpers...), "envoy"); strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("children = %v, want %v", names, want)
+	}
+	if code := httpStatus("GET", fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", statusPort)); code != 200 {
+		t.Errorf("status server on the ProxyConfig's statusPort: GET /healthz/ready = %d, want 200", code)
 	}
 	info, err := envoy.NewAdmin("127.0.0.1", adminPort).ServerInfo(context.Background())
 	if err != nil {
