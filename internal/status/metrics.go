@@ -26,7 +26,8 @@ import (
 const maxAppMetrics = 10 << 20
 
 // componentLabel tells apart the series of a metric name that several processes export
-// (each helper's Go runtime metrics, say); names exported by one process keep their labels.
+// (each helper's Go runtime metrics, say); names exported by one process keep their labels, and
+// so do series that already have a component label.
 const componentLabel = "component"
 
 // istioReservedPorts cannot be application metrics targets.
@@ -228,10 +229,11 @@ func (s *Server) agentFamilies(ctx context.Context) []*dto.MetricFamily {
 		s.log.Error("failed scraping helper metrics", "helper", src.Name, "error", err)
 		s.metrics.failures.WithLabelValues("agent").Inc()
 	}
-	if dropped := m.conflicts; len(dropped) > 0 {
-		s.log.Error("metric names exported with different types, later ones dropped", "names", dropped)
+	fams := m.families()
+	if len(m.conflicts) > 0 {
+		s.log.Error("metric names that clash across processes, dropped", "names", m.conflicts)
 	}
-	return m.families()
+	return fams
 }
 
 func mapValues(m map[string]*dto.MetricFamily) func(func(*dto.MetricFamily) bool) {
@@ -273,10 +275,25 @@ func (m *merger) add(source string, mfs []*dto.MetricFamily) {
 }
 
 // families returns the merged families sorted by name. A name exported by more than one
-// source gets a component label on each series, so that no two series are the same.
+// source gets a component label on each series, so that no two series are the same. A name
+// that is also one of a histogram's or summary's series names (h_bucket, h_sum, h_count) is
+// dropped: the text format cannot tell them apart.
 func (m *merger) families() []*dto.MetricFamily {
+	taken := map[string]bool{}
+	for name, list := range m.byName {
+		switch list[0].mf.GetType() {
+		case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM:
+			taken[name+"_bucket"], taken[name+"_sum"], taken[name+"_count"] = true, true, true
+		case dto.MetricType_SUMMARY:
+			taken[name+"_sum"], taken[name+"_count"] = true, true
+		}
+	}
 	out := make([]*dto.MetricFamily, 0, len(m.byName))
-	for _, list := range m.byName {
+	for name, list := range m.byName {
+		if taken[name] {
+			m.conflicts = append(m.conflicts, list[0].source+":"+name)
+			continue
+		}
 		if len(list) == 1 {
 			out = append(out, list[0].mf)
 			continue
@@ -284,8 +301,10 @@ func (m *merger) families() []*dto.MetricFamily {
 		merged := &dto.MetricFamily{Name: list[0].mf.Name, Help: list[0].mf.Help, Type: list[0].mf.Type}
 		for _, s := range list {
 			for _, metric := range s.mf.GetMetric() {
-				metric = proto.CloneOf(metric)
-				metric.Label = append(metric.Label, &dto.LabelPair{Name: proto.String(componentLabel), Value: proto.String(s.source)})
+				if !slices.ContainsFunc(metric.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == componentLabel }) {
+					metric = proto.CloneOf(metric)
+					metric.Label = append(metric.Label, &dto.LabelPair{Name: proto.String(componentLabel), Value: proto.String(s.source)})
+				}
 				merged.Metric = append(merged.Metric, metric)
 			}
 		}
