@@ -40,4 +40,3 @@ func FuzzMergedFamilies(f *testing.F) {
 		}
 	})
 }
-
