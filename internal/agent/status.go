@@ -123,7 +123,13 @@ func (r *statusRun) around(supervise func(context.Context) error) func(context.C
 	return func(ctx context.Context) error {
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan error, 1)
-		go func() { done <- r.srv.Run(sctx) }()
+		go func() {
+			err := r.srv.Run(sctx)
+			if sctx.Err() == nil { // as Istio, which SIGTERMs itself: stop gracefully
+				r.stop(err)
+			}
+			done <- err
+		}()
 		stopped := make(chan struct{})
 		go func() {
 			select {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,7 +39,7 @@ type Prober struct {
 	bus      *component.Bus
 	serving  atomic.Bool
 	server   *http.Server
-	healthy  prometheus.Gauge
+	metrics  *metrics
 }
 
 // New is the helper's factory: it validates the configuration (a malformed
@@ -68,7 +69,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 		return nil, err
 	}
 	m := newMetrics(reg)
-	p := &Prober{log: log, listener: l, bus: bus, healthy: m.healthy}
+	p := &Prober{log: log, listener: l, bus: bus, metrics: m}
 	p.probes = NewAppProbes(AppProbeOptions{
 		Probes:          kube,
 		PodIP:           cfg.GetPodIp(),
@@ -140,11 +141,7 @@ func (p *Prober) Ready() error {
 }
 
 func (p *Prober) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
-	if h.GetHealthy() {
-		p.healthy.Set(1)
-	} else {
-		p.healthy.Set(0)
-	}
+	p.metrics.observeHealth(h.GetHealthy())
 	if p.bus == nil {
 		return nil
 	}
@@ -152,8 +149,10 @@ func (p *Prober) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
 }
 
 type metrics struct {
+	reg       prometheus.Registerer
 	appProbes *prometheus.CounterVec
 	healthy   prometheus.Gauge
+	once      sync.Once // healthy is registered at the first report, so never shows a guess
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -167,8 +166,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Last WorkloadEntry health check state reported: 1 healthy, 0 unhealthy.",
 		}),
 	}
-	reg.MustRegister(m.appProbes, m.healthy)
+	m.reg = reg
+	reg.MustRegister(m.appProbes)
 	return m
+}
+
+func (m *metrics) observeHealth(healthy bool) {
+	m.once.Do(func() { m.reg.MustRegister(m.healthy) })
+	if healthy {
+		m.healthy.Set(1)
+	} else {
+		m.healthy.Set(0)
+	}
 }
 
 func (m *metrics) observeAppProbe(kind string, ok bool) {
