@@ -17,6 +17,9 @@ var (
 )
 
 func main() {
+	if serveHelper(os.Args[0]) {
+		return
+	}
 	app := &cli.App{
 		Name:  "agentd",
 		Usage: "per-workload service-mesh agent (Istio pilot-agent compatible)",

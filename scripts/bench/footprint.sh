@@ -3,11 +3,13 @@
 # /proc/<pid>/smaps_rollup, PSS splitting pages shared between processes) and the sums, idle
 # and with a NAMES-name table and NAMES endpoints flowing from devplane (a generated services
 # file, rewritten PUSHES times so that every endpoint moves), and the start-to-ready time
-# without Envoy (agentd exec to /healthz/ready answering 200, median of RUNS).
+# without Envoy (agentd exec to /healthz/ready answering 200, median of RUNS). Each for the
+# two layouts of the helpers directory: "separate" (one binary per helper) and "links" (links
+# to agentd, which serves a helper by the name it runs as: one executable file for the tree).
 # Istio's pilot-agent, one process doing all of it, on this kind of machine: about 37 MB RSS
 # idle, 53 MB with a 10 000-name table, ready in 120-150 ms.
 #
-# Usage: scripts/bench/footprint.sh   (NAMES=10000 PUSHES=3 RUNS=5)
+# Usage: scripts/bench/footprint.sh   (NAMES=10000 PUSHES=3 RUNS=5 LAYOUTS="separate links")
 #        HELPERS_ENV='GOGC=50' scripts/bench/footprint.sh   (extra environment for agentd)
 # Needs: go, curl, python3. Everything listens on loopback.
 set -euo pipefail
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/../.."
 NAMES=${NAMES:-10000}
 PUSHES=${PUSHES:-3}
 RUNS=${RUNS:-5}
+LAYOUTS=${LAYOUTS:-separate links}
 
 work=$(mktemp -d)
 pids=()
@@ -33,6 +36,8 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 echo "building agentd, the helpers, devplane and the Envoy stand-in..." >&2
 go build -o "$work/bin/" ./cmd/agentd ./cmd/xds-proxy ./cmd/sds-server ./cmd/dns-proxy ./cmd/prober ./cmd/devplane ./test/envoy-standin
+mkdir "$work/links"
+for h in xds-proxy sds-server dns-proxy prober; do ln -s "$work/bin/agentd" "$work/links/$h"; done
 
 # services FILE N PORT: N services, one endpoint each (N names in the table, N endpoints).
 services() {
@@ -59,6 +64,7 @@ for _ in $(seq 200); do [ -s "$work/ca-root.pem" ] && break; sleep 0.05; done
 
 agentd_pid=
 status_port=
+helpers_dir=
 # start_agentd ROOT ARGS...: agentd run in the background; sets agentd_pid and status_port.
 start_agentd() {
 	local root=$1; shift
@@ -68,7 +74,7 @@ start_agentd() {
 	env CA_ADDR="$ca" CA_ROOT_CA="$work/ca-root.pem" ECC_SIGNATURE_ALGORITHM=ECDSA \
 		POD_NAME=app-1 POD_NAMESPACE=default SERVICE_ACCOUNT=default INSTANCE_IP=127.0.0.1 \
 		${HELPERS_ENV:-} ${extra_env:-} \
-		"$work/bin/agentd" run --root "$root" --helpers-dir "$work/bin" --discovery-address "$xds" \
+		"$work/bin/agentd" run --root "$root" --helpers-dir "$helpers_dir" --discovery-address "$xds" \
 		--dns-address 127.0.0.1:0 --status-port "$status_port" "$@" >"$root.log" 2>&1 &
 	agentd_pid=$!
 	pids+=("$agentd_pid")
@@ -112,35 +118,46 @@ memory() {
 		END { printf "%-14s %8.1f %8.1f   (agentd and its helpers; Envoy not counted)\n", "sum", rss/1024, pss/1024 }'
 }
 
-# 1. Start to ready, without Envoy, no DNS capture: every helper ready (sds-server with its
-# workload certificate from devplane's CA).
-times=()
-for i in $(seq "$RUNS"); do
-	t0=$(now_ms)
-	start_agentd "$work/ready$i" --disable-envoy
-	wait_ready 30
-	times+=($(($(now_ms) - t0)))
-	[ "$i" = "$RUNS" ] || stop_agentd
-done
-sorted=$(printf "%s\n" "${times[@]}" | sort -n | tr '\n' ' ')
-echo "start to ready without Envoy: median $(printf "%s\n" "${times[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') ms of $RUNS runs ($sorted ms)"
-sleep 3
-memory "idle, without Envoy"
-stop_agentd
-
-# 2. A NAMES-name table and NAMES endpoints: the Envoy stand-in subscribes to every cluster's
-# endpoints through xds-proxy, DNS capture makes xds-proxy ask for the name table, which
-# reaches dns-proxy over the bus.
-services "$work/services.yaml" "$NAMES" 10000
-extra_env="ISTIO_META_DNS_CAPTURE=true ENVOY_STATUS_PORT=$(freeport) ENVOY_PROMETHEUS_PORT=$(freeport)"
-extra_env+=" PROXY_CONFIG={\"controlPlaneAuthPolicy\":\"NONE\",\"proxyAdminPort\":$(freeport)}"
-start_agentd "$work/full" --envoy-binary "$work/bin/envoy-standin"
-wait_ready 120
-sleep 3
-memory "$NAMES names and $NAMES endpoints, steady (Envoy stand-in as the xDS client)"
-for p in $(seq "$PUSHES"); do
-	services "$work/services.yaml" "$NAMES" $((10000 + p))
+for layout in $LAYOUTS; do
+	case $layout in
+	separate) helpers_dir=$work/bin ;;
+	links) helpers_dir=$work/links ;;
+	*) echo "unknown layout $layout" >&2; exit 2 ;;
+	esac
+	echo
+	echo "#### helpers layout: $layout"
+	extra_env=
+	services "$work/services.yaml" 0 10000
+	# 1. Start to ready, without Envoy, no DNS capture: every helper ready (sds-server with its
+	# workload certificate from devplane's CA).
+	times=()
+	for i in $(seq "$RUNS"); do
+		t0=$(now_ms)
+		start_agentd "$work/$layout-ready$i" --disable-envoy
+		wait_ready 30
+		times+=($(($(now_ms) - t0)))
+		[ "$i" = "$RUNS" ] || stop_agentd
+	done
+	sorted=$(printf "%s\n" "${times[@]}" | sort -n | tr '\n' ' ')
+	echo "start to ready without Envoy ($layout): median $(printf "%s\n" "${times[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') ms of $RUNS runs ($sorted ms)"
 	sleep 3
+	memory "idle, without Envoy ($layout)"
+	stop_agentd
+
+	# 2. A NAMES-name table and NAMES endpoints: the Envoy stand-in subscribes to every cluster's
+	# endpoints through xds-proxy, DNS capture makes xds-proxy ask for the name table, which
+	# reaches dns-proxy over the bus.
+	services "$work/services.yaml" "$NAMES" 10000
+	extra_env="ISTIO_META_DNS_CAPTURE=true ENVOY_STATUS_PORT=$(freeport) ENVOY_PROMETHEUS_PORT=$(freeport)"
+	extra_env+=" PROXY_CONFIG={\"controlPlaneAuthPolicy\":\"NONE\",\"proxyAdminPort\":$(freeport)}"
+	start_agentd "$work/$layout-full" --envoy-binary "$work/bin/envoy-standin"
+	wait_ready 120
+	sleep 3
+	memory "$NAMES names and $NAMES endpoints, steady, Envoy stand-in as the xDS client ($layout)"
+	for p in $(seq "$PUSHES"); do
+		services "$work/services.yaml" "$NAMES" $((10000 + p))
+		sleep 3
+	done
+	memory "after $PUSHES pushes moving all $NAMES endpoints ($layout)"
+	stop_agentd
 done
-memory "after $PUSHES pushes moving all $NAMES endpoints"
-stop_agentd
