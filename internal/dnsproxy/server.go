@@ -116,7 +116,7 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 	// Queries already read are answered even after ctx ends; each forward has its timeout.
 	work := context.WithoutCancel(ctx)
 	for _, pc := range udp {
-		if err := setNonblock(pc); err != nil {
+		if err := setBlockingRead(pc); err != nil {
 			return err
 		}
 	}
@@ -186,16 +186,16 @@ func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Li
 
 const (
 	// udpBatch is how many datagrams one read (recvmmsg) and one write (sendmmsg) carry.
-	udpBatch = 32
+	udpBatch = 8
 	// maxUDPQuery is the largest query read; a longer one is dropped.
 	maxUDPQuery = 4096
 )
 
 // readUDP reads queries in batches, answers the table hits in place and writes their
-// replies in one batch, and hands every other query to a goroutine. Reads and writes never
-// block in the kernel (MSG_DONTWAIT), even when another process sharing the socket (agentd
-// starting a child) turned the socket back to blocking mode: a blocking recvmmsg would hold
-// a batch of queries and never see the stop.
+// replies in one batch, and hands every other query to a goroutine. The socket is in
+// blocking mode (setBlockingRead): recvmmsg waits in the kernel for the first query and
+// takes the ones queued behind it (MSG_WAITFORONE), which costs far less than a round
+// through Go's poller per batch; its receive timeout lets the reader see the stop.
 func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync.WaitGroup) error {
 	var bc batchConn = ipv4.NewPacketConn(conn)
 	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
@@ -209,7 +209,7 @@ func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync
 	}
 	var scratch fastScratch
 	for {
-		n, err := bc.ReadBatch(in, unix.MSG_DONTWAIT)
+		n, err := bc.ReadBatch(in, unix.MSG_WAITFORONE)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -427,6 +427,37 @@ func shuffled(answers []dns.RR) []dns.RR {
 	}
 	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 	return out
+}
+
+// udpReadTimeout bounds how long a blocking read waits before the reader looks at the
+// read deadline again (Serve's stop).
+const udpReadTimeout = 100 * time.Millisecond
+
+// setBlockingRead puts a UDP socket in blocking mode with a receive timeout, for readUDP.
+// Both belong to the socket, so every process sharing it (an old and a new dns-proxy during
+// a swap) reads the same way; agentd only holds it.
+func setBlockingRead(pc net.PacketConn) error {
+	sc, ok := pc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udp socket: %w", err)
+	}
+	tv := unix.NsecToTimeval(udpReadTimeout.Nanoseconds())
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		if serr = unix.SetNonblock(int(fd), false); serr == nil {
+			serr = unix.SetsockoptTimeval(int(fd), unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		}
+	}); err != nil {
+		return fmt.Errorf("udp socket: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("set udp socket to blocking reads: %w", serr)
+	}
+	return nil
 }
 
 // setNonblock puts an inherited socket back in non-blocking mode: the mode belongs to the
