@@ -180,6 +180,10 @@ func (h *Helper) onNameTable(m *agentv1.BusMessage) {
 		h.log.Error("name table", "error", fmt.Errorf("decode bus message %d: %w", m.GetSequence(), err))
 		return
 	}
+	if err := checkNameTable(&nt); err != nil {
+		h.log.Error("name table refused, keeping the current one", "error", fmt.Errorf("bus message %d: %w", m.GetSequence(), err))
+		return
+	}
 	start := time.Now()
 	first := h.srv.table.Load() == nil
 	t := h.srv.SetNameTable(&nt)

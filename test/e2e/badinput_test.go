@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/agentd/agentd/internal/dnsproxy"
+	"github.com/agentd/agentd/internal/supervisor"
+	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
+)
+
+// bigTable is a name table of n services (svcN.nsM.svc.cluster.local), about 80 bytes each.
+func bigTable(n int) *ndsv1.NameTable {
+	nt := &ndsv1.NameTable{Table: make(map[string]*ndsv1.NameTable_NameInfo, n)}
+	for i := range n {
+		ns := fmt.Sprintf("ns%d", i%10)
+		nt.Table[fmt.Sprintf("svc%d.%s.svc.cluster.local", i, ns)] = svc(fmt.Sprintf("svc%d", i), ns,
+			fmt.Sprintf("10.%d.%d.%d", 1+i/65536, i/256%256, i%256))
+	}
+	return nt
+}
+
+// TestOversizedNameTable: a name table over dns-proxy's limit (dnsproxy.MaxNameTableEntries)
+// is refused: dns-proxy keeps serving the table it had, and keeps running.
+func TestOversizedNameTable(t *testing.T) {
+	a := startDNSAgent(t)
+	a.publishTable(t, meshTable("10.0.0.1"))
+	pid := a.dnsProxy(t, "dns-proxy ready", serving).Pid
+	a.publishTable(t, bigTable(dnsproxy.MaxNameTableEntries+1))
+	waitFor(t, "dns-proxy to refuse the oversized table", func() bool {
+		return strings.Contains(a.Log.String(), "name table refused")
+	})
+	if r := dig(t, a.addr, "details", "A"); !slices.Equal(r.answers, []string{"details. a 10.0.0.1"}) {
+		t.Errorf("after an oversized table: %q, want the previous table's answer\n%s", r.answers, r.raw)
+	}
+	if now := a.dnsProxy(t, "dns-proxy", func(s supervisor.Status) bool { return true }).Pid; now != pid {
+		t.Errorf("dns-proxy restarted (pid %d → %d) on an oversized table", pid, now)
+	}
+}
+
+// TestBrokenHelperBinary: `agentd run` with one helper binary that cannot serve — a corrupt
+// executable, a file that is not executable, a program that is not a plugin — starts the
+// other helpers, which keep serving, and shows the broken one in a crash loop.
+func TestBrokenHelperBinary(t *testing.T) {
+	tests := []struct {
+		name, helper string
+		content      string
+		mode         os.FileMode
+	}{
+		{"corrupt executable", "sds-server", "\x7fELF\x02\x01\x01garbage", 0o755},
+		{"not executable", "dns-proxy", "#!/bin/sh\nexit 0\n", 0o644},
+		{"not a plugin", "prober", "#!/bin/sh\necho hello\nexit 0\n", 0o755},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, h := range helpers {
+				path := filepath.Join(dir, h)
+				if h == tt.helper {
+					if err := os.WriteFile(path, []byte(tt.content), tt.mode); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := os.Symlink(bin(h), path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := startAgentd(t, nil, "--disable-envoy", "--helpers-dir", dir, "--ready-timeout", "5s")
+			waitChild(t, a, tt.helper, func(s supervisor.Status) bool { return s.State == supervisor.CrashLoop })
+			st, err := a.Status()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range helpers {
+				if h != tt.helper {
+					waitChild(t, a, h, running)
+				}
+			}
+			if st.Ready {
+				t.Errorf("agentd ready with %s in a crash loop", tt.helper)
+			}
+			out, err := a.CLI("status")
+			if err != nil || !strings.Contains(out, "crashloop") {
+				t.Errorf("agentd status: %v\n%s\nwant %s shown in crashloop", err, out, tt.helper)
+			}
+		})
+	}
+}
