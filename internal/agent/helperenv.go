@@ -35,11 +35,23 @@ var (
 	}
 )
 
-// helperEnv returns the variables of env that the helper name may see, in env's order.
+// helperGOGC is the helpers' GOGC unless agentd's environment sets one: a collection when the
+// heap grows by half rather than doubles. A helper's heap is mostly what it was handed at
+// once (a name table, an xDS push) and the garbage of decoding it; with 10 000 names and
+// endpoints it keeps the tree's PSS about 15 MB lower (scripts/bench/footprint.sh), for
+// collections that are rare at steady state (dns-proxy's query path does not allocate).
+const helperGOGC = "50"
+
+// helperEnv returns the variables of env that the helper name may see, in env's order, and
+// GOGC=helperGOGC when env has no GOGC.
 func helperEnv(name string, env []string) []string {
 	allowed := helperEnvAllowed[name]
-	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return !slices.Contains(helperEnvCommon, k) && !slices.Contains(allowed, k)
 	})
+	if !slices.ContainsFunc(out, func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") }) {
+		out = append(out, "GOGC="+helperGOGC)
+	}
+	return out
 }

@@ -36,8 +36,8 @@ func TestHelperEnv(t *testing.T) {
 			t.Errorf("helperEnv(%s) = %q, want %q", tt.helper, got, tt.want)
 		}
 	}
-	if got := helperEnv("dns-proxy", nil); len(got) != 0 {
-		t.Errorf("helperEnv of an empty environment = %q", got)
+	if got, want := helperEnv("dns-proxy", []string{"PATH=/bin", "GOMEMLIMIT=1GiB"}), []string{"GOMEMLIMIT=1GiB", "GOGC=" + helperGOGC}; !slices.Equal(got, want) {
+		t.Errorf("helperEnv without GOGC = %q, want %q", got, want)
 	}
 }
 
