@@ -43,6 +43,9 @@ type Agent struct {
 	status   *statusRun // status.go
 	// envoyDrain is shared by Envoy's processes and the status server (envoy.go).
 	envoyDrain envoy.DrainControl
+	// The merged ProxyConfig and Envoy's options, assembled once (envoy.go).
+	proxyCfg  *envoy.Config
+	proxyOpts envoy.ProcessOptions
 }
 
 // New checks the options and builds the child table; nothing starts yet.
@@ -95,7 +98,7 @@ func New(opts Options) (*Agent, error) {
 		Inherited:    inherited,
 		Metrics:      a.metrics,
 		ReadyTimeout: opts.ReadyTimeout,
-		DrainTimeout: a.opts.DrainTimeout, // Envoy's child may have lengthened it
+		DrainTimeout: opts.DrainTimeout,
 		StopTimeout:  opts.StopTimeout,
 	})
 	if err != nil {

@@ -12,13 +12,15 @@ import (
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
-// buildChildren returns the child table in start order: sds-server first (Envoy and xds-proxy
-// need certificates, and it stops last), then xds-proxy, dns-proxy, prober and Envoy. Each
-// child's entry is built in its own file here.
+// buildChildren returns the child table in start order; children stop in the reverse order.
+// The prober first: it needs nothing from the others, kubelet's probes reach it from the
+// start, and it answers them until the very end of a stop. Then sds-server (Envoy and
+// xds-proxy need certificates, and Envoy still does while it drains), xds-proxy, dns-proxy,
+// and Envoy last, so that it stops first. Each child's entry is built in its own file here.
 func (a *Agent) buildChildren() ([]supervisor.Child, error) {
 	var out []supervisor.Child
 	for _, build := range []func() (*supervisor.Child, error){
-		a.sdsServer, a.xdsProxy, a.dnsProxy, a.prober, a.envoy,
+		a.prober, a.sdsServer, a.xdsProxy, a.dnsProxy, a.envoy,
 	} {
 		c, err := build()
 		if err != nil {

@@ -73,8 +73,7 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 	if popts.ExitOnZeroActiveConnections {
 		need = popts.MinimumDrainDuration + popts.MaxDrainDuration
 	}
-	// Envoy's drain is longer than a helper's: give the supervisor's drain deadline room.
-	a.opts.DrainTimeout = max(a.opts.DrainTimeout, need+time.Second, supervisor.DefaultDrainTimeout)
+
 	binary := a.opts.EnvoyBinary
 	if binary == "" {
 		binary = cfg.ProxyConfig.BinaryPath
@@ -86,11 +85,33 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 		a.log.Warn("--concurrency overrides the ProxyConfig's concurrency (legacy flag)", "concurrency", a.opts.Proxy.Concurrency)
 	}
 	a.log.Info("Envoy", "node", cfg.NodeID(), "binary", binary, "args", strings.Join(popts.Args, " "))
-	return &supervisor.Child{Name: "envoy", Binary: binary, Launch: envoy.Launch(popts)}, nil
+	return &supervisor.Child{
+		Name: "envoy", Binary: binary, Launch: envoy.Launch(popts),
+		// Envoy drains as long as it is told to, and it waits for its control plane as long as
+		// it takes (as Istio's agent does): restarting it would not bring the answer sooner.
+		DrainTimeout: need + time.Second,
+		ReadyTimeout: envoyReadyTimeout,
+	}, nil
 }
 
-// envoyConfig assembles the bootstrap's input and the process options as pilot-agent does.
+// envoyReadyTimeout is how long Envoy may stay unready before it is started again.
+const envoyReadyTimeout = time.Hour
+
+// envoyConfig returns the bootstrap's input and the process options, assembled once as
+// pilot-agent does: xds-proxy, the prober and the status server read the same merged
+// ProxyConfig and node.
 func (a *Agent) envoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
+	if a.proxyCfg == nil {
+		cfg, popts, err := a.assembleEnvoyConfig()
+		if err != nil {
+			return nil, envoy.ProcessOptions{}, err
+		}
+		a.proxyCfg, a.proxyOpts = cfg, popts
+	}
+	return a.proxyCfg, a.proxyOpts, nil
+}
+
+func (a *Agent) assembleEnvoyConfig() (*envoy.Config, envoy.ProcessOptions, error) {
 	o, p := &a.opts, a.opts.Proxy
 	root := a.opts.Root
 	typ, err := envoy.ParseProxyType(p.Type)

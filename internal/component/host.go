@@ -16,6 +16,8 @@ import (
 	"github.com/hashicorp/go-plugin/runner"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -129,6 +131,9 @@ func (p *Process) Pid() int { return p.run.proc.Pid() }
 func (p *Process) Ready(ctx context.Context) error {
 	r, err := p.rpc.Ready(ctx, &agentv1.ReadyRequest{})
 	if err != nil {
+		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Canceled {
+			err = context.DeadlineExceeded // the question was cut short: not the helper's answer
+		}
 		return fmt.Errorf("ask %s: %w", p.name, err)
 	}
 	if !r.GetReady() {

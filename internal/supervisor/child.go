@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"os"
+	"time"
 )
 
 // Instance is one running process of a child: a go-plugin helper or Envoy.
@@ -43,4 +44,9 @@ type Child struct {
 	Binary  string
 	Sockets []Socket
 	Launch  Launch
+
+	// Per-child deadlines; zero takes the supervisor's (Options). Envoy waits on its control
+	// plane longer than a helper may take to start, and drains for as long as it is told to.
+	ReadyTimeout time.Duration
+	DrainTimeout time.Duration
 }

@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
-// loop keeps one child running until ctx ends, then stops it. first is closed once the first
-// process is ready or has failed to become so.
-func (s *Supervisor) loop(ctx context.Context, c *child, first chan<- struct{}) {
-	var once sync.Once
-	signalFirst := func() { once.Do(func() { close(first) }) }
-	defer signalFirst()
+// loop keeps one child running until ctx ends, then stops it.
+func (s *Supervisor) loop(ctx context.Context, c *child) {
 	defer s.setState(c, Stopped)
 
 	c.mu.Lock()
@@ -25,8 +20,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child, first chan<- struct{}) 
 			s.setState(c, Starting)
 			var sum string
 			var err error
-			inst, sum, err = s.launch(ctx, c, binary, s.opts.ReadyTimeout)
-			signalFirst()
+			inst, sum, err = s.launch(ctx, c, binary)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -156,44 +150,56 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 // startNew starts a swap's binary beside the running process and waits until it is ready.
 func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, error) {
 	c.log.Info("swap: starting new binary", "binary", cmd.binary, "sha256", cmd.sha256)
-	inst, _, err := s.launch(ctx, c, cmd.binary, cmd.timeout)
+	inst, _, err := s.launch(ctx, c, cmd.binary)
+	if err == nil {
+		if err = s.waitReady(ctx, inst, cmd.timeout); err != nil {
+			s.stop(c, inst)
+		}
+	}
 	if err != nil {
 		c.log.Error("swap refused, the old process keeps serving", "binary", cmd.binary, "error", err)
 		return nil, fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
 	}
+	c.log.Info("ready", "pid", inst.Pid())
 	return inst, nil
 }
 
-// launch starts a process of c from binary and waits until it is ready, it exits, or timeout.
-func (s *Supervisor) launch(ctx context.Context, c *child, binary string, timeout time.Duration) (Instance, string, error) {
+// launch starts a process of c from binary: it runs and serves its sockets when launch
+// returns. Whether it is ready is another question (a dns-proxy waits for its first name
+// table): not being ready is reported, never a reason to kill it.
+func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Instance, string, error) {
 	sum, err := fileSHA256(binary)
 	if err != nil {
 		return nil, "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	inst, err := c.Launch(ctx, binary, c.files)
 	if err != nil {
 		return nil, "", err
 	}
+	c.log.Info("started", "pid", inst.Pid())
+	return inst, sum, nil
+}
+
+// waitReady polls inst until it is ready, it exits, or timeout.
+func (s *Supervisor) waitReady(ctx context.Context, inst Instance, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var reason error // the last answer, not the deadline that cut the last question short
 	for {
 		err := inst.Ready(ctx)
 		if err == nil {
-			c.log.Info("ready", "pid", inst.Pid())
-			return inst, sum, nil
+			return nil
 		}
-		if ctx.Err() == nil || reason == nil {
+		if reason == nil || !errors.Is(err, context.DeadlineExceeded) {
 			reason = err
 		}
 		select {
 		case <-inst.Exited():
-			return nil, "", fmt.Errorf("pid %d exited before it was ready: %v", inst.Pid(), inst.Err())
+			return fmt.Errorf("pid %d exited before it was ready: %v", inst.Pid(), inst.Err())
 		case <-ctx.Done():
-			s.stop(c, inst)
-			return nil, "", fmt.Errorf("pid %d not ready after %v: %v", inst.Pid(), timeout, reason)
+			return fmt.Errorf("pid %d not ready after %v: %v", inst.Pid(), timeout, reason)
 		case <-tick.C:
 		}
 	}
@@ -209,7 +215,7 @@ func (s *Supervisor) stop(c *child, inst Instance) {
 		s.setState(c, Draining)
 	}
 	c.log.Info("draining", "pid", inst.Pid())
-	dctx, cancel := context.WithTimeout(s.hard, s.opts.DrainTimeout)
+	dctx, cancel := context.WithTimeout(s.hard, c.DrainTimeout)
 	if err := inst.Drain(dctx); err != nil {
 		c.log.Warn("drain did not finish", "pid", inst.Pid(), "error", err)
 	}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -159,6 +160,8 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 		}
 	}
 	for _, spec := range children {
+		spec.ReadyTimeout = cmp.Or(spec.ReadyTimeout, opts.ReadyTimeout)
+		spec.DrainTimeout = cmp.Or(spec.DrainTimeout, opts.DrainTimeout)
 		if _, dup := s.byName[spec.Name]; dup {
 			return nil, fmt.Errorf("two children named %q", spec.Name)
 		}
@@ -195,20 +198,54 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	for _, c := range s.children {
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
-		first := make(chan struct{})
 		go func() {
 			defer close(done)
-			s.loop(cctx, c, first)
+			s.loop(cctx, c)
 		}()
 		stops = append(stops, func() { cancel(); <-done })
-		select {
-		case <-first:
-		case <-ctx.Done():
+		s.awaitReady(ctx, c)
+		if ctx.Err() != nil {
 			return nil
 		}
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// StopBudget is the longest a stop can take: the children drain and stop one after the
+// other, each within its drain and stop deadlines.
+func (s *Supervisor) StopBudget() time.Duration {
+	var d time.Duration
+	for _, c := range s.children {
+		d += c.DrainTimeout + s.opts.StopTimeout
+	}
+	return d
+}
+
+// awaitReady waits until c is ready, or its ReadyTimeout has passed: the next child starts
+// then either way, and a child that is still not ready is reported by Ready.
+func (s *Supervisor) awaitReady(ctx context.Context, c *child) {
+	ctx, cancel := context.WithTimeout(ctx, c.ReadyTimeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		c.mu.Lock()
+		inst := c.inst
+		c.mu.Unlock()
+		if inst != nil && inst.Ready(ctx) == nil {
+			c.log.Info("ready", "pid", inst.Pid())
+			return
+		}
+		select {
+		case <-ctx.Done():
+			if err := s.childReady(context.WithoutCancel(ctx), c); err != nil {
+				c.log.Warn("not ready yet: starting the next child", "reason", err)
+			}
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Kill makes every drain and stop deadline pass now: the children still running are killed.
@@ -228,18 +265,25 @@ func (s *Supervisor) Statuses() []Status {
 // Ready returns nil when every child runs and says it is ready, or the first reason not.
 func (s *Supervisor) Ready(ctx context.Context) error {
 	for _, c := range s.children {
-		c.mu.Lock()
-		inst, st, lastErr := c.inst, c.status.State, c.lastErr
-		c.mu.Unlock()
-		if inst == nil || st != Running {
-			if lastErr != nil {
-				return fmt.Errorf("%s is %s: %v", c.Name, st, lastErr)
-			}
-			return fmt.Errorf("%s is %s", c.Name, st)
+		if err := s.childReady(ctx, c); err != nil {
+			return err
 		}
-		if err := inst.Ready(ctx); err != nil {
-			return fmt.Errorf("%s is not ready: %w", c.Name, err)
+	}
+	return nil
+}
+
+func (s *Supervisor) childReady(ctx context.Context, c *child) error {
+	c.mu.Lock()
+	inst, st, lastErr := c.inst, c.status.State, c.lastErr
+	c.mu.Unlock()
+	if inst == nil || st != Running {
+		if lastErr != nil {
+			return fmt.Errorf("%s is %s: %v", c.Name, st, lastErr)
 		}
+		return fmt.Errorf("%s is %s", c.Name, st)
+	}
+	if err := inst.Ready(ctx); err != nil {
+		return fmt.Errorf("%s is not ready: %w", c.Name, err)
 	}
 	return nil
 }
@@ -286,8 +330,8 @@ func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, 
 	if wantSHA256 != "" && sum != wantSHA256 {
 		return fmt.Errorf("checksum of %s is %s, want %s: not swapped", binary, sum, wantSHA256)
 	}
-	if timeout == 0 {
-		timeout = s.opts.ReadyTimeout
+	if c, ok := s.byName[name]; ok && timeout == 0 {
+		timeout = c.ReadyTimeout
 	}
 	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, sha256: sum, timeout: timeout})
 }

@@ -394,7 +394,7 @@ func TestSwapRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := f.sup.Swap(context.Background(), "a", tt.binary, tt.sha256, 2*time.Second)
+			err := f.sup.Swap(context.Background(), "a", tt.binary, tt.sha256, 5*time.Second)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Swap(%s) = %v, want an error containing %q", tt.name, err, tt.want)
 			}
@@ -465,6 +465,7 @@ func TestRestartedSubscriberGetsRetainedMessage(t *testing.T) {
 	syscall.Kill(first.Pid, syscall.SIGKILL)
 	// Ready requires a bus message, and the first one a new subscriber gets is the retained one.
 	f.waitFor("restart", func() bool { s := f.status("a"); return s.Pid != first.Pid && s.State == supervisor.Running })
+	f.waitFor("ready", func() bool { return f.sup.Ready(context.Background()) == nil })
 	if got, err := f.ask("a", "bus"); err != nil || got != "table-2" {
 		t.Errorf("restarted subscriber has %q (%v), want the retained table-2", got, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/agentd/agentd/internal/control"
 )
 
-var helpers = []string{"sds-server", "xds-proxy", "dns-proxy", "prober"}
+var helpers = []string{"prober", "sds-server", "xds-proxy", "dns-proxy"}
 
 func childPids(t *testing.T, st control.Status) map[string]int {
 	t.Helper()
