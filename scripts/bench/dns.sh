@@ -4,7 +4,8 @@
 # names answered by an upstream dnsmasq that both forward to). Then the same table-hit load
 # during `agentd swap dns-proxy` and during a `kill -9` of dns-proxy, printing lost queries.
 #
-# Usage: scripts/bench/dns.sh        (DURATION=10 seconds per run, CLIENTS=4, OUTSTANDING=100)
+# Usage: scripts/bench/dns.sh        (DURATION=10 seconds per run, CLIENTS=4, OUTSTANDING=100,
+#                                     NAMES=1000)
 # Needs: go, dnsperf, dnsmasq, dig, curl, python3. Everything listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -121,11 +122,20 @@ perf() { # PORT FILE [PID]: "qps avg_latency_ms lost sent cpu_us_per_query" (cpu
 		END {printf "%.0f %.3f %d %d %.1f\n", qps, lat, lost, sent, (done > 0 ? ticks / hz * 1e6 / done : 0)}' "$work/dnsperf.out"
 }
 
-row() { # LABEL FILE
-	read -r aq al alost _ acpu < <(perf "$ad" "$2" "$(dns_proxy_pid)")
-	read -r dq dl dlost _ dcpu < <(perf "$dm" "$2" "$dm_pid")
-	printf "%-12s %10s %7s %5s %7s   %10s %7s %5s %7s   %6.2f\n" "$1" "$aq" "$al" "$alost" "$acpu" "$dq" "$dl" "$dlost" "$dcpu" \
-		"$(awk -v a="$aq" -v d="$dq" 'BEGIN{print (d > 0 ? a / d : 0)}')"
+row() { # LABEL FILE: agentd, dnsmasq, dnsmasq, agentd (load on this shared machine drifts), averaged
+	local a1 a2 d1 d2
+	a1=$(perf "$ad" "$2" "$(dns_proxy_pid)")
+	d1=$(perf "$dm" "$2" "$dm_pid")
+	d2=$(perf "$dm" "$2" "$dm_pid")
+	a2=$(perf "$ad" "$2" "$(dns_proxy_pid)")
+	printf "%s\n%s\n%s\n%s\n" "$a1" "$a2" "$d1" "$d2" | awk -v label="$1" '
+		{q[NR]=$1; l[NR]=$2; lost[NR]=$3; c[NR]=$5}
+		END {
+			aq=(q[1]+q[2])/2; dq=(q[3]+q[4])/2
+			printf "%-12s %10.0f %7.3f %5d %7.1f   %10.0f %7.3f %5d %7.1f   %6.2f\n", label,
+				aq, (l[1]+l[2])/2, lost[1]+lost[2], (c[1]+c[2])/2,
+				dq, (l[3]+l[4])/2, lost[3]+lost[4], (c[3]+c[4])/2, (dq > 0 ? aq / dq : 0)
+		}'
 }
 
 dns_proxy_pid() {
@@ -135,7 +145,8 @@ print(next(c["pid"] for c in json.load(sys.stdin)["children"] if c["name"] == "d
 }
 
 echo
-echo "dnsperf, UDP, ${DURATION}s per run, $CLIENTS clients, $OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
+echo "dnsperf, UDP, ${DURATION}s per run (two runs each, in the order agentd dnsmasq dnsmasq agentd), $CLIENTS clients,"
+echo "$OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
 echo "(cpu = CPU time of dns-proxy or dnsmasq per answered query, in microseconds)"
 printf "%-12s %10s %7s %5s %7s   %10s %7s %5s %7s   %6s\n" "" "agentd qps" "avg ms" "lost" "cpu us" "dnsmasq" "avg ms" "lost" "cpu us" "ratio"
 row "table hits" "$work/hits.txt"
