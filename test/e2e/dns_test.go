@@ -216,11 +216,11 @@ func TestDNSThroughAgentd(t *testing.T) {
 	if r := dig(t, a.addr, "details.ns1.svc.cluster.local", "A"); r.status != "SERVFAIL" {
 		t.Errorf("before the first table: status %s, want SERVFAIL\n%s", r.status, r.raw)
 	}
-	if st := a.dnsProxy(t, "dns-proxy status", func(supervisor.Status) bool { return true }); st.State == supervisor.Running {
-		t.Errorf("dns-proxy is %s before the first name table, want not ready", st.State)
+	if st, err := a.Status(); err != nil || st.Ready {
+		t.Errorf("agentd ready = %v (%v) before the first name table, want not ready", st.Ready, err)
 	}
 	a.publishTable(t, meshTable("10.0.0.1"))
-	a.dnsProxy(t, "dns-proxy ready", serving)
+	a.WaitReady() // dns-proxy with its first table
 
 	tests := []struct {
 		args    []string
