@@ -89,7 +89,7 @@ func TestChaos(t *testing.T) {
 		waitChild(t, c.Agentd, name, running)
 	}
 	c.waitSettled(t)
-	base := c.resources(t)
+	base := c.stableResources(t)
 	t.Logf("baseline after the warm-up: %s", base)
 
 	// Chaos: a random child every 200-400 ms, devplane restarted at a third, dns-proxy
@@ -136,6 +136,10 @@ func TestChaos(t *testing.T) {
 	dnsLoad.check(t)
 	rpcs.check(t)
 	sds.check(t)
+	// One go-plugin socket directory per running helper: those of killed processes are gone.
+	if dirs := pluginDirs(t, c.tmp); len(dirs) != len(c.children)-1 {
+		t.Errorf("%d go-plugin socket directories in agentd's TMPDIR after the kills, want one per running helper: %v", len(dirs), dirs)
+	}
 
 	// agentd's resources are back to the baseline. The helpers' connections to agentd close
 	// asynchronously after their processes die, so the count is polled for a while.
@@ -164,12 +168,26 @@ func TestChaos(t *testing.T) {
 			t.Errorf("%s (pid %d) outlived agentd", name, pid)
 		}
 	}
+	if dirs := pluginDirs(t, c.tmp); len(dirs) != 0 {
+		t.Errorf("go-plugin socket directories left after agentd stopped: %v", dirs)
+	}
+}
+
+// pluginDirs lists go-plugin's socket directories in dir.
+func pluginDirs(t *testing.T, dir string) []string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(dir, "plugin-dir*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
 }
 
 // chaosTree is the system under chaos.
 type chaosTree struct {
 	*Agentd
 	children   []string
+	tmp        string // agentd's TMPDIR: go-plugin makes a socket directory there per helper process
 	dnsAddr    string
 	sdsSocket  string
 	statusPort int
@@ -200,14 +218,15 @@ func startChaosTree(t *testing.T) *chaosTree {
 	writeServices(t, services, backend)
 	devAddr := fmt.Sprintf("127.%d.%d.%d:15010", rand.IntN(250)+1, rand.IntN(250)+1, rand.IntN(250)+1)
 	c := &chaosTree{
-		children: []string{"sds-server", "xds-proxy", "dns-proxy", "prober", "envoy"},
+		children: []string{"prober", "sds-server", "xds-proxy", "dns-proxy", "envoy"},
+		tmp:      t.TempDir(),
 		dnsAddr:  freeDNSAddr(t), statusPort: freePort(t),
 		dev: startDevplane(t, devAddr, services), devAddr: devAddr, devServices: services,
 		kills: map[string]int{}, streak: map[string]int{},
 	}
 	c.Agentd = startAgentd(t, []string{
 		"POD_NAME=app-1", "POD_NAMESPACE=default", "SERVICE_ACCOUNT=chaos", "INSTANCE_IP=127.0.0.1",
-		"ISTIO_META_DNS_CAPTURE=true",
+		"ISTIO_META_DNS_CAPTURE=true", "TMPDIR=" + c.tmp,
 		fmt.Sprintf(`PROXY_CONFIG={"controlPlaneAuthPolicy":"NONE","proxyAdminPort":%d}`, freePort(t)),
 		"ENVOY_STATUS_PORT=" + strconv.Itoa(freePort(t)), "ENVOY_PROMETHEUS_PORT=" + strconv.Itoa(freePort(t)),
 	}, "--discovery-address", devAddr, "--envoy-binary", envoyBinary(t), "--dns-address", c.dnsAddr,
@@ -407,6 +426,22 @@ func (r chaosResources) fitsIn(base chaosResources) bool {
 	return r.fds <= base.fds && r.goroutines <= base.goroutines && r.threads <= base.threads+threadSlack
 }
 
+// stableResources waits (bounded) until the pipes and process handles of the processes that
+// just exited are closed: two readings half a second apart agree.
+func (c *chaosTree) stableResources(t *testing.T) chaosResources {
+	t.Helper()
+	r := c.resources(t)
+	for range 20 {
+		time.Sleep(500 * time.Millisecond)
+		next := c.resources(t)
+		if next.fds == r.fds && next.goroutines == r.goroutines {
+			return next
+		}
+		r = next
+	}
+	return r
+}
+
 func (c *chaosTree) resources(t *testing.T) chaosResources {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", c.Pid())
@@ -421,7 +456,7 @@ func (c *chaosTree) resources(t *testing.T) chaosResources {
 			continue // closed meanwhile
 		}
 		r.fds++
-		r.fdTargets = append(r.fdTargets, e.Name()+" -> "+target)
+		r.fdTargets = append(r.fdTargets, e.Name()+" -> "+target+socketEnds(c.Pid(), target))
 	}
 	slices.Sort(r.fdTargets)
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.Pid()))
@@ -437,10 +472,38 @@ func (c *chaosTree) resources(t *testing.T) chaosResources {
 	return r
 }
 
+// socketEnds describes a socket fd target ("socket:[inode]") by its TCP addresses or Unix
+// path, from /proc/<pid>/net, for the failure message.
+func socketEnds(pid int, target string) string {
+	inode, ok := strings.CutPrefix(target, "socket:[")
+	if !ok {
+		return ""
+	}
+	inode = strings.TrimSuffix(inode, "]")
+	for _, table := range []string{"tcp", "tcp6", "udp", "udp6", "unix"} {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			switch {
+			case table == "unix" && len(f) >= 7 && f[6] == inode:
+				return " unix " + strings.Join(f[7:], " ")
+			case table != "unix" && len(f) >= 10 && f[9] == inode:
+				return " " + table + " " + f[1] + " -> " + f[2] + " state " + f[3]
+			}
+		}
+	}
+	return ""
+}
+
 // goroutines reads agentd's istio_agent_go_goroutines from its merged metrics.
 func (c *chaosTree) goroutines(t *testing.T) int {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/stats/prometheus", c.statusPort))
+	// No keep-alive: an idle connection of the test's own would be counted in agentd.
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/stats/prometheus", c.statusPort))
 	if err != nil {
 		t.Fatalf("agentd's metrics: %v", err)
 	}
