@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -399,4 +400,60 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestServeStopsUnderLoad: Serve returns promptly when asked to stop while queries keep
+// coming, also after another holder of the socket (agentd starting a child takes File.Fd)
+// turned it to blocking mode.
+func TestServeStopsUnderLoad(t *testing.T) {
+	s, err := NewServer(Config{Names: testNames})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetNameTable(testNameTable())
+	pc, l := listenPair(t)
+	f, err := pc.File() // what agentd's exec does: the socket becomes blocking
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Fd()
+	defer f.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, []net.PacketConn{pc}, []net.Listener{l}) }()
+
+	stop := make(chan struct{})
+	var senders sync.WaitGroup
+	for range 4 {
+		senders.Go(func() {
+			c, err := net.Dial("udp", pc.LocalAddr().String())
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			q, _ := new(dns.Msg).SetQuestion("details.", dns.TypeA).Pack()
+			buf := make([]byte, 512)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.Write(q)
+				c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				c.Read(buf)
+			}
+		})
+	}
+	defer func() { close(stop); senders.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve() = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return within 10 s of the stop under load")
+	}
 }
