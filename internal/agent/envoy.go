@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -76,7 +77,7 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 
 	binary := a.opts.EnvoyBinary
 	if binary == "" {
-		binary = cfg.ProxyConfig.BinaryPath
+		binary = envoyOnHost(cfg.ProxyConfig.BinaryPath)
 	}
 	if js, err := protojson.Marshal(cfg.ProxyConfig); err == nil {
 		a.log.Info("effective ProxyConfig", "config", string(js))
@@ -92,6 +93,17 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 		DrainTimeout: need + time.Second,
 		ReadyTimeout: envoyReadyTimeout,
 	}, nil
+}
+
+// envoyOnHost is the ProxyConfig's binaryPath, or, where nothing is there (a development
+// machine, a VM with Envoy elsewhere), the envoy on PATH.
+func envoyOnHost(binaryPath string) string {
+	if _, err := os.Stat(binaryPath); err != nil {
+		if p, err := exec.LookPath("envoy"); err == nil {
+			return p
+		}
+	}
+	return binaryPath
 }
 
 // envoyReadyTimeout is how long Envoy may stay unready before it is started again.
