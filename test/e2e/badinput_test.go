@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agentd/agentd/internal/dnsproxy"
 	"github.com/agentd/agentd/internal/supervisor"
@@ -85,6 +90,36 @@ func TestBrokenHelperBinary(t *testing.T) {
 			out, err := a.CLI("status")
 			if err != nil || !strings.Contains(out, "crashloop") {
 				t.Errorf("agentd status: %v\n%s\nwant %s shown in crashloop", err, out, tt.helper)
+			}
+		})
+	}
+}
+
+// TestConfigThatDoesNotParse: `agentd run` with a proxy or probe configuration that does not
+// parse stops at once with exit status 1, a message naming the setting, and no process left.
+func TestConfigThatDoesNotParse(t *testing.T) {
+	tests := []struct {
+		env, want string
+	}{
+		{`PROXY_CONFIG={"discoveryAddress": `, "PROXY_CONFIG"},
+		{"PROXY_CONFIG=concurrency: [not a number", "PROXY_CONFIG"},
+		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":`, "ISTIO_KUBE_APP_PROBERS"},
+		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":{"httpGet":{"port":"http"}}}`, "ISTIO_KUBE_APP_PROBERS"},
+		{"DNS_FORWARD_TIMEOUT=soon", "DNS_FORWARD_TIMEOUT"},
+		{"SECRET_TTL=-1h", "SECRET_TTL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin("agentd"), "run", "--root", t.TempDir(), "--helpers-dir", binDir,
+				"--disable-envoy", "--dns-address", "127.0.0.1:0", "--status-port", strconv.Itoa(freePort(t)))
+			cmd.Env = append(append(os.Environ(), caEnv...), tt.env)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			out, err := cmd.CombinedOutput()
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // nothing should be left; if it is, it goes
+			if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), tt.want) {
+				t.Errorf("agentd run with %s: exit %d (%v), want 1 and a message naming %s:\n%s", tt.env, code, err, tt.want, out)
 			}
 		})
 	}
