@@ -46,6 +46,8 @@ type Agent struct {
 	// The merged ProxyConfig and Envoy's options, assembled once (envoy.go).
 	proxyCfg  *envoy.Config
 	proxyOpts envoy.ProcessOptions
+	// The gRPC xDS bootstrap written for proxyless clients and its certificates (xdsproxy.go).
+	grpcBootstrap, grpcCertDir string
 }
 
 // New checks the options and builds the child table; nothing starts yet.
@@ -133,13 +135,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// Ready is agentd's readiness: every child ready, and the gRPC bootstrap in place.
+func (a *Agent) Ready(ctx context.Context) error {
+	if err := a.sup.Ready(ctx); err != nil {
+		return err
+	}
+	return a.grpcReady()
+}
+
 // Kill ends every drain at once and kills the children still running: a second SIGTERM.
 func (a *Agent) Kill() { a.sup.Kill() }
 
 // Statuses, Ready, Restart and Swap are the supervisor's; Publish is the bus's: together they
 // are what the control socket serves.
-func (a *Agent) Statuses() []supervisor.Status                  { return a.sup.Statuses() }
-func (a *Agent) Ready(ctx context.Context) error                { return a.sup.Ready(ctx) }
+func (a *Agent) Statuses() []supervisor.Status { return a.sup.Statuses() }
+
 func (a *Agent) Restart(ctx context.Context, name string) error { return a.sup.Restart(ctx, name) }
 func (a *Agent) Publish(topic string, payload *anypb.Any) error {
 	_, err := a.bus.Publish(topic, payload)

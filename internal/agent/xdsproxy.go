@@ -140,5 +140,24 @@ func (a *Agent) writeGRPCBootstrap(ecfg *envoy.Config) error {
 		return err
 	}
 	a.log.Info("wrote the gRPC xDS bootstrap", "path", path, "node", opts.NodeID)
+	a.grpcBootstrap, a.grpcCertDir = path, opts.CertDir
+	return nil
+}
+
+// grpcReady is Istio's readiness condition for proxyless clients: the gRPC bootstrap exists
+// and, when it names file_watcher certificates, so do they.
+func (a *Agent) grpcReady() error {
+	if a.grpcBootstrap == "" {
+		return nil
+	}
+	paths := []string{a.grpcBootstrap}
+	if a.grpcCertDir != "" {
+		paths = append(paths, filepath.Join(a.grpcCertDir, "cert-chain.pem"), filepath.Join(a.grpcCertDir, "key.pem"))
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("gRPC xDS bootstrap not ready: %w", err)
+		}
+	}
 	return nil
 }
