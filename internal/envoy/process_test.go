@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
@@ -167,25 +169,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// syncBuffer is a log sink tests read while the process writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) count(sub string) int { return strings.Count(s.String(), sub) }
+func countIn(b *logbuf.Buffer, sub string) int { return strings.Count(b.String(), sub) }
 
 // rig is a stand-in Envoy with its bootstrap, control plane and log.
 type rig struct {
@@ -193,7 +177,7 @@ type rig struct {
 	cfg     *Config
 	opts    ProcessOptions
 	cp      *controlPlane
-	log     *syncBuffer
+	log     *logbuf.Buffer
 	appPort int
 }
 
@@ -217,7 +201,7 @@ func newRig(t *testing.T, delta bool, modify func(*ProcessOptions)) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	r := &rig{root: root, cfg: cfg, log: log, appPort: freePort(t)}
 	r.opts = ProcessOptions{
 		Args: args, Dir: root, AdminHost: "127.0.0.1", AdminPort: int(pc.ProxyAdminPort),
@@ -340,7 +324,7 @@ func TestProcessDrainWaitsForConnections(t *testing.T) {
 	})
 	drained := make(chan error, 1)
 	go func() { drained <- e.Drain(context.Background()) }()
-	eventually(t, "three polls that see the connection", func() bool { return r.log.count("there are still active connections") >= 3 })
+	eventually(t, "three polls that see the connection", func() bool { return countIn(r.log, "there are still active connections") >= 3 })
 	select {
 	case err := <-drained:
 		t.Fatalf("Drain returned (%v) while a client connection was open", err)

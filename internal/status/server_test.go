@@ -1,7 +1,6 @@
 package status
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
@@ -24,24 +25,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // start runs a status server on addr ("127.0.0.1:0" unless given) and returns its base URL.
 func start(t *testing.T, cfg Config, addr string) (*Server, string) {
@@ -98,7 +81,7 @@ func do(t *testing.T, method, url string, hdr http.Header) (int, string, http.He
 func TestReadiness(t *testing.T) {
 	var reason atomic.Value
 	reason.Store("xds-proxy is starting")
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	s, base := start(t, Config{
 		Ready: func(context.Context) error {
 			if r := reason.Load().(string); r != "" {

@@ -2,7 +2,6 @@ package supervisor_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/internal/logbuf"
 
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
@@ -67,25 +68,8 @@ type fixture struct {
 	sup  *supervisor.Supervisor
 	bus  *bus.Broker
 	root string
-	logs *syncBuffer
+	logs *logbuf.Buffer
 	stop func() // graceful stop, waits for Run
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // child describes a test child: the helper under name binary, serving the "echo" socket at
@@ -108,7 +92,7 @@ func child(f *fixture, name, binary string, env ...string) supervisor.Child {
 // start runs a supervisor over the children that build returns until the test ends.
 func start(t testing.TB, opts supervisor.Options, build func(*fixture) []supervisor.Child) *fixture {
 	t.Helper()
-	f := &fixture{t: t, bus: bus.New(), root: t.TempDir(), logs: &syncBuffer{}}
+	f := &fixture{t: t, bus: bus.New(), root: t.TempDir(), logs: &logbuf.Buffer{}}
 	opts.Root = f.root
 	opts.Log = hclog.New(&hclog.LoggerOptions{Output: f.logs, Level: hclog.Info, Name: "agentd"})
 	if opts.DrainTimeout == 0 {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	"github.com/miekg/dns"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -62,7 +64,7 @@ func startDnsmasq(t *testing.T, hosts string, extra ...string) string {
 		"--listen-address=127.0.0.1", "--bind-interfaces", "--port=" + port, "--conf-file=/dev/null",
 		"--user=root", "--pid-file=", "--cache-size=1000", "--local=/example.net/", "--local=/cluster.local/"}, extra...)
 	cmd := exec.Command("dnsmasq", args...)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start dnsmasq: %v", err)

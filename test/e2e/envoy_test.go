@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	"github.com/agentd/agentd/internal/envoy"
 )
 
@@ -257,7 +259,7 @@ func TestProxySidecarCommand(t *testing.T) {
 		fmt.Sprintf(`PROXY_CONFIG={"binaryPath":%q,"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","proxyAdminPort":%d,"statusPort":%d}`,
 			envoyBinary(t), xdsAddr, adminPort, statusPort),
 		"ENVOY_STATUS_PORT="+strconv.Itoa(freePort(t)), "ENVOY_PROMETHEUS_PORT="+strconv.Itoa(freePort(t)))
-	a := &Agentd{t: t, Root: root, Log: &syncBuffer{}, cmd: cmd, done: make(chan struct{})}
+	a := &Agentd{t: t, Root: root, Log: &logbuf.Buffer{}, cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = a.Log, a.Log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

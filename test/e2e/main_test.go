@@ -13,10 +13,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/internal/logbuf"
 
 	"github.com/agentd/agentd/internal/agent"
 	"github.com/agentd/agentd/internal/ca"
@@ -78,29 +79,11 @@ func startTestCA(dir string) (stop func(), err error) {
 // bin is the path of a built binary.
 func bin(name string) string { return filepath.Join(binDir, name) }
 
-// syncBuffer collects a process's output for the test's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Agentd is an `agentd run` process started by a test.
 type Agentd struct {
 	t    *testing.T
 	Root string
-	Log  *syncBuffer
+	Log  *logbuf.Buffer
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
@@ -112,7 +95,7 @@ type Agentd struct {
 func startAgentd(t *testing.T, env []string, args ...string) *Agentd {
 	t.Helper()
 	root := t.TempDir()
-	a := &Agentd{t: t, Root: root, Log: &syncBuffer{}, done: make(chan struct{})}
+	a := &Agentd{t: t, Root: root, Log: &logbuf.Buffer{}, done: make(chan struct{})}
 	full := append([]string{"run", "--root", root, "--helpers-dir", binDir, "--dns-address", "127.0.0.1:0",
 		"--status-port", strconv.Itoa(freePort(t))}, args...) // a later --status-port wins
 	a.cmd = exec.Command(bin("agentd"), full...)

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -43,7 +45,7 @@ func sdsDevplane(t *testing.T, certTTL time.Duration) (caAddr, rootFile, xdsAddr
 	xdsAddr = "127.0.0.1:" + strconv.Itoa(freePort(t))
 	cmd := exec.Command(bin("devplane"), "--services", services, "--xds-address", xdsAddr, "--debug-address", "",
 		"--ca-address", caAddr, "--ca-root-out", rootFile, "--cert-ttl", certTTL.String())
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

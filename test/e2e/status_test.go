@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 )
@@ -104,7 +106,7 @@ func TestStatusServerFollowsTree(t *testing.T) {
 	}
 
 	waiter := exec.Command(bin("agentd"), "wait", "--url", url, "--timeoutSeconds", "60", "--periodMillis", "50")
-	waitOut := &syncBuffer{}
+	waitOut := &logbuf.Buffer{}
 	waiter.Stdout, waiter.Stderr = waitOut, waitOut
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
@@ -207,7 +209,7 @@ func healthDevplane(t *testing.T) (env []string, xdsAddr, debugAddr string) {
 	debugAddr = "127.0.0.1:" + strconv.Itoa(freePort(t))
 	cmd := exec.Command(bin("devplane"), "--services", services, "--xds-address", xdsAddr, "--debug-address", debugAddr,
 		"--ca-address", caAddr, "--ca-root-out", root)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/logbuf"
+
 	"google.golang.org/grpc"
 
 	"github.com/agentd/agentd/internal/devplane/devplanetest"
@@ -25,13 +27,13 @@ type devplaneProc struct {
 	addr, file string
 	cmd        *exec.Cmd
 	done       chan struct{}
-	log        *syncBuffer
+	log        *logbuf.Buffer
 }
 
 // startDevplane runs devplane on addr with the services file.
 func startDevplane(t *testing.T, addr, file string) *devplaneProc {
 	t.Helper()
-	d := &devplaneProc{addr: addr, file: file, done: make(chan struct{}), log: &syncBuffer{}}
+	d := &devplaneProc{addr: addr, file: file, done: make(chan struct{}), log: &logbuf.Buffer{}}
 	d.cmd = exec.Command(bin("devplane"), "--xds-address", addr, "--services", file, "--debug-address", "")
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
