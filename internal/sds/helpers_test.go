@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	spiffepeer "github.com/agentd/agentd/internal/spiffe"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -378,27 +380,6 @@ func pool(t testing.TB, s *tlsv3.Secret) *x509.CertPool {
 	return p
 }
 
-// verifyPeer checks the peer's chain against roots and its SPIFFE id, as a mesh peer does.
-func verifyPeer(roots *x509.CertPool, want string) func(tls.ConnectionState) error {
-	return func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("peer sent no certificate")
-		}
-		inter := x509.NewCertPool()
-		for _, c := range cs.PeerCertificates[1:] {
-			inter.AddCert(c)
-		}
-		p := cs.PeerCertificates[0]
-		if _, err := p.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-			return fmt.Errorf("peer certificate: %w", err)
-		}
-		if len(p.URIs) != 1 || p.URIs[0].String() != want {
-			return fmt.Errorf("peer identity %v, want %s", p.URIs, want)
-		}
-		return nil
-	}
-}
-
 // mtlsServer is an echo server that presents the current certificate of its workload and
 // requires a client certificate with the expected identity.
 type mtlsServer struct {
@@ -415,7 +396,7 @@ func startMTLS(t testing.TB, cert tls.Certificate, roots *x509.CertPool, clientI
 	cfg := &tls.Config{
 		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return m.cert.Load(), nil },
 		ClientAuth:       tls.RequireAnyClientCert,
-		VerifyConnection: verifyPeer(roots, clientID),
+		VerifyConnection: spiffepeer.VerifyPeer(roots, clientID),
 		MinVersion:       tls.VersionTLS13,
 	}
 	l, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
@@ -444,8 +425,8 @@ func dialMTLS(t testing.TB, addr string, cert tls.Certificate, roots *x509.CertP
 	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{
 		Certificates:       []tls.Certificate{cert},
-		InsecureSkipVerify: true, // SPIFFE certificates carry no host name: verifyPeer checks them
-		VerifyConnection:   verifyPeer(roots, serverID),
+		InsecureSkipVerify: true, // SPIFFE certificates carry no host name: spiffepeer.VerifyPeer checks them
+		VerifyConnection:   spiffepeer.VerifyPeer(roots, serverID),
 		MinVersion:         tls.VersionTLS13,
 	})
 	if err != nil {
@@ -482,7 +463,7 @@ func uriOf(t testing.TB, s *tlsv3.Secret) string {
 func tlsDialErr(addr string, cert tls.Certificate, roots *x509.CertPool, serverID string) (*tls.Conn, error) {
 	c, err := tls.Dial("tcp", addr, &tls.Config{
 		Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true,
-		VerifyConnection: verifyPeer(roots, serverID), MinVersion: tls.VersionTLS13,
+		VerifyConnection: spiffepeer.VerifyPeer(roots, serverID), MinVersion: tls.VersionTLS13,
 	})
 	if err == nil {
 		c.Close()

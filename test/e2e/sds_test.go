@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/internal/spiffe"
 
 	"github.com/agentd/agentd/internal/logbuf"
 
@@ -180,27 +181,6 @@ func certFromSecret(t *testing.T, s *tlsv3.Secret) *workloadCert {
 	return &workloadCert{pair: pair, leaf: leaf}
 }
 
-// checkPeer verifies a peer's chain against roots and its SPIFFE identity.
-func checkPeer(roots *x509.CertPool, want string) func(tls.ConnectionState) error {
-	return func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("no peer certificate")
-		}
-		inter := x509.NewCertPool()
-		for _, c := range cs.PeerCertificates[1:] {
-			inter.AddCert(c)
-		}
-		p := cs.PeerCertificates[0]
-		if _, err := p.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-			return err
-		}
-		if len(p.URIs) != 1 || p.URIs[0].String() != want {
-			return fmt.Errorf("peer identity %v, want %s", p.URIs, want)
-		}
-		return nil
-	}
-}
-
 // echoServer is a workload serving mTLS with the certificate it holds now.
 type echoServer struct {
 	cert atomic.Pointer[tls.Certificate]
@@ -214,7 +194,7 @@ func startEcho(t *testing.T, w *workloadCert, clientID string) *echoServer {
 	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
 		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return e.cert.Load(), nil },
 		ClientAuth:       tls.RequireAnyClientCert,
-		VerifyConnection: checkPeer(w.roots, clientID),
+		VerifyConnection: spiffe.VerifyPeer(w.roots, clientID),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -240,8 +220,8 @@ func startEcho(t *testing.T, w *workloadCert, clientID string) *echoServer {
 func dialEcho(t *testing.T, addr string, w *workloadCert, serverID string) *tls.Conn {
 	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{
-		Certificates: []tls.Certificate{w.pair}, InsecureSkipVerify: true, // SPIFFE: checked by checkPeer
-		VerifyConnection: checkPeer(w.roots, serverID),
+		Certificates: []tls.Certificate{w.pair}, InsecureSkipVerify: true, // SPIFFE: checked by spiffe.VerifyPeer
+		VerifyConnection: spiffe.VerifyPeer(w.roots, serverID),
 	})
 	if err != nil {
 		t.Fatalf("mTLS handshake: %v", err)
