@@ -128,9 +128,7 @@ func TestUnitsVerify(t *testing.T) {
 // TestInstallVMStaged runs scripts/install-vm.sh with DESTDIR and checks Istio's VM layout.
 func TestInstallVMStaged(t *testing.T) {
 	bin, files, dest := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "root")
-	for _, b := range []string{"agentd", "xds-proxy", "sds-server", "dns-proxy", "prober"} {
-		write(t, filepath.Join(bin, b), "#!/bin/sh\necho "+b+"\n", 0o755)
-	}
+	write(t, filepath.Join(bin, "agentd"), "#!/bin/sh\necho agentd\n", 0o755)
 	onboarding := map[string]string{ // istioctl x workload entry configure's output → where Istio installs it
 		"cluster.env":   "var/lib/istio/envoy/cluster.env",
 		"mesh.yaml":     "etc/istio/config/mesh",
@@ -155,6 +153,11 @@ func TestInstallVMStaged(t *testing.T) {
 	}
 	if link, err := os.Readlink(filepath.Join(dest, "usr/local/bin/agentd")); err != nil || link != "/usr/local/lib/agentd/agentd" {
 		t.Errorf("usr/local/bin/agentd links to %q (%v), want /usr/local/lib/agentd/agentd", link, err)
+	}
+	for _, h := range []string{"xds-proxy", "sds-server", "dns-proxy", "prober"} { // agentd serves each by name
+		if link, err := os.Readlink(filepath.Join(dest, "usr/local/lib/agentd", h)); err != nil || link != "agentd" {
+			t.Errorf("usr/local/lib/agentd/%s links to %q (%v), want agentd", h, link, err)
+		}
 	}
 	for _, p := range []string{"usr/local/lib/agentd/xds-proxy", "etc/systemd/system/agentd.service", "etc/systemd/system/agentd-xds.socket", "etc/istio/proxy", "var/lib/istio/data"} {
 		if _, err := os.Stat(filepath.Join(dest, p)); err != nil {

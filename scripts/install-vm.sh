@@ -39,19 +39,22 @@ if $live && [ "$(id -u)" != 0 ]; then
 fi
 
 libdir=/usr/local/lib/agentd
-binaries=(agentd xds-proxy sds-server dns-proxy prober)
-for b in "${binaries[@]}"; do
-	[ -x "$bin/$b" ] || { echo "install-vm: $bin/$b missing: run make build first" >&2; exit 1; }
-done
+helpers=(xds-proxy sds-server dns-proxy prober)
+[ -x "$bin/agentd" ] || { echo "install-vm: $bin/agentd missing: run make build first" >&2; exit 1; }
 
 # The user Envoy and agentd run as (Istio's VM package creates the same one).
 if $live && ! id istio-proxy >/dev/null 2>&1; then
 	useradd --system --user-group --no-create-home --home-dir /var/lib/istio --shell /usr/sbin/nologin istio-proxy
 fi
 
+# One executable for the whole tree: the helpers are links to agentd, which serves a helper by
+# the name it runs as, so the kernel maps its pages once for every process (about half the
+# tree's memory of one binary per helper: scripts/bench/footprint.sh). A helper's own binary
+# from `make build` is for `agentd swap`.
 install -d "$dest$libdir" "$dest/usr/local/bin"
-for b in "${binaries[@]}"; do
-	install -m 0755 "$bin/$b" "$dest$libdir/$b"
+install -m 0755 "$bin/agentd" "$dest$libdir/agentd"
+for h in "${helpers[@]}"; do
+	ln -sf agentd "$dest$libdir/$h"
 done
 ln -sf "$libdir/agentd" "$dest/usr/local/bin/agentd"
 

@@ -31,7 +31,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "dns-address", Value: "localhost:15053", EnvVars: []string{"DNS_PROXY_ADDR"}, Usage: "dns-proxy's UDP and TCP address"},
 			&cli.StringFlag{Name: "resolv-conf", Value: "/etc/resolv.conf", Usage: "dns-proxy's upstream nameservers and search list"},
 			&cli.IntFlag{Name: "status-port", Value: 15020, Usage: "status server port"},
-			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "how long the start waits for a child to be ready before it starts the next"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "how long the start waits for a helper to be ready before it starts Envoy anyway"},
 			&cli.DurationFlag{Name: "drain-timeout", Value: supervisor.DefaultDrainTimeout, Usage: "time a child has to drain when stopped"},
 			&cli.DurationFlag{Name: "stop-timeout", Value: supervisor.DefaultStopTimeout, Usage: "time a drained child has to exit before SIGKILL"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"AGENTD_LOG_LEVEL"}, Usage: "trace, debug, info, warn, error"},

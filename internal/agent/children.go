@@ -12,11 +12,14 @@ import (
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
-// buildChildren returns the child table in start order; children stop in the reverse order.
-// The prober first: it needs nothing from the others, kubelet's probes reach it from the
-// start, and it answers them until the very end of a stop. Then sds-server (Envoy and
-// xds-proxy need certificates, and Envoy still does while it drains), xds-proxy, dns-proxy,
-// and Envoy last, so that it stops first. Each child's entry is built in its own file here.
+// buildChildren returns the child table; children stop in the reverse order. The prober first,
+// so that it stops last: kubelet's probes reach it from the start and it answers them until
+// the very end of a stop. Then sds-server (Envoy still needs certificates while it drains),
+// xds-proxy, dns-proxy, and Envoy last, so that it stops first. The helpers start side by
+// side: each needs nothing from the others to start (the bus replays what one waits for, and
+// xds-proxy reads a client certificate file at each handshake, so one written later is used
+// at the next). Envoy starts once the helpers it connects to are ready (envoy.go). Each
+// child's entry is built in its own file here.
 func (a *Agent) buildChildren() ([]supervisor.Child, error) {
 	var out []supervisor.Child
 	for _, build := range []func() (*supervisor.Child, error){

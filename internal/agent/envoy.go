@@ -88,6 +88,8 @@ func (a *Agent) envoy() (*supervisor.Child, error) {
 	a.log.Info("Envoy", "node", cfg.NodeID(), "binary", binary, "args", strings.Join(popts.Args, " "))
 	return &supervisor.Child{
 		Name: "envoy", Binary: binary, Launch: envoy.Launch(popts),
+		// Its first xDS and SDS streams are answered at once rather than queued.
+		After: []string{"sds-server", "xds-proxy"},
 		// Envoy drains as long as it is told to, and it waits for its control plane as long as
 		// it takes (as Istio's agent does): restarting it would not bring the answer sooner.
 		DrainTimeout: need + time.Second,

@@ -168,7 +168,7 @@ func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Insta
 // returns. Whether it is ready is another question (a dns-proxy waits for its first name
 // table): not being ready is reported, never a reason to kill it.
 func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Instance, string, error) {
-	sum, err := fileSHA256(binary)
+	sum, err := s.hashes.sum(binary)
 	if err != nil {
 		return nil, "", err
 	}

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -117,6 +118,7 @@ type Supervisor struct {
 
 	restarts *prometheus.CounterVec
 	state    *prometheus.GaugeVec
+	hashes   binaryHashes
 
 	// hard ends every drain and stop deadline at once: a second SIGTERM.
 	hard     context.Context
@@ -165,6 +167,11 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 		if _, dup := s.byName[spec.Name]; dup {
 			return nil, fmt.Errorf("two children named %q", spec.Name)
 		}
+		for _, name := range spec.After {
+			if _, ok := s.byName[name]; !ok {
+				return nil, fmt.Errorf("child %q starts after %q, which is not a child before it", spec.Name, name)
+			}
+		}
 		c := &child{
 			Child:  spec,
 			log:    opts.Log.Named(spec.Name),
@@ -179,9 +186,9 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 	return s, nil
 }
 
-// Run opens the children's sockets, starts the children in order (each waits until the one
-// before it is ready, or ReadyTimeout), keeps them running until ctx ends, then stops them in
-// reverse order and closes the sockets.
+// Run opens the children's sockets, starts the children (each once the children of its After
+// are ready, or past their ReadyTimeout), keeps them running until ctx ends, then stops them
+// in reverse order and closes the sockets.
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.hardStop()
 	if err := s.openSockets(); err != nil {
@@ -189,26 +196,43 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	defer s.closeSockets()
 
-	var stops []func()
-	defer func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
-		}
-	}()
+	// awaited[name] is closed when that child is ready, past its ReadyTimeout, or not started
+	// because ctx ended first.
+	awaited := make(map[string]chan struct{}, len(s.children))
 	for _, c := range s.children {
+		awaited[c.Name] = make(chan struct{})
+	}
+	stops := make([]func(), len(s.children))
+	for i, c := range s.children {
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			s.loop(cctx, c)
+			for _, name := range c.After {
+				select {
+				case <-awaited[name]:
+				case <-ctx.Done():
+				}
+			}
+			if ctx.Err() != nil {
+				close(awaited[c.Name])
+				return
+			}
+			loopDone := make(chan struct{})
+			go func() {
+				defer close(loopDone)
+				s.loop(cctx, c)
+			}()
+			s.awaitReady(ctx, c)
+			close(awaited[c.Name])
+			<-loopDone
 		}()
-		stops = append(stops, func() { cancel(); <-done })
-		s.awaitReady(ctx, c)
-		if ctx.Err() != nil {
-			return nil
-		}
+		stops[i] = func() { cancel(); <-done }
 	}
 	<-ctx.Done()
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
 	return nil
 }
 
@@ -323,7 +347,7 @@ func (s *Supervisor) Restart(ctx context.Context, name string) error {
 // restarts use binary. If wantSHA256 is set and binary's does not match, nothing changes. If the
 // new process does not become ready, it is stopped and the old one keeps serving.
 func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, timeout time.Duration) error {
-	sum, err := fileSHA256(binary)
+	sum, err := s.hashes.sum(binary)
 	if err != nil {
 		return err
 	}
@@ -370,17 +394,47 @@ type command struct {
 	reply   chan error
 }
 
-func fileSHA256(path string) (string, error) {
+// binaryHashes remembers the SHA-256 of the binaries already read, by file identity: every
+// helper of a links layout is agentd's own 45 MB binary, hashed once instead of once per
+// start (about 18 ms each). A file replaced or rewritten in place has another identity.
+type binaryHashes struct {
+	mu   sync.Mutex
+	sums map[fileID]string
+}
+
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func (h *binaryHashes) sum(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("read binary: %w", err)
 	}
 	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return "", fmt.Errorf("stat binary %s: %w", path, err)
+	}
+	id := fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	// Held while hashing: the helpers starting side by side from one binary wait for its
+	// one hash instead of each computing it.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if sum, ok := h.sums[id]; ok {
+		return sum, nil
+	}
+	d := sha256.New()
+	if _, err := io.Copy(d, f); err != nil {
 		return "", fmt.Errorf("read binary %s: %w", path, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	if h.sums == nil {
+		h.sums = map[fileID]string{}
+	}
+	h.sums[id] = hex.EncodeToString(d.Sum(nil))
+	return h.sums[id], nil
 }
 
 func (s *Supervisor) setState(c *child, st State) {

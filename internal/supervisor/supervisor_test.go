@@ -454,3 +454,38 @@ func TestRestartedSubscriberGetsRetainedMessage(t *testing.T) {
 		t.Errorf("restarted subscriber has %q (%v), want the retained table-2", got, err)
 	}
 }
+
+// TestAfter: a child with After starts only once those children are ready; the others start
+// at once, side by side.
+func TestAfter(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		b := child(f, "b", "helper")
+		b.After = []string{"a"}
+		return []supervisor.Child{child(f, "a", "helper", "TESTHELPER_WANT_BUS=1"), b, child(f, "c", "helper")}
+	})
+	f.waitRunning("a")
+	f.waitRunning("c") // c comes after a in the list, and starts while a is not ready
+	if err := f.sup.Ready(context.Background()); err == nil {
+		t.Fatal("ready before a got its bus message")
+	}
+	if s := f.status("b"); s.State != supervisor.Stopped || s.Pid != 0 {
+		t.Fatalf("b is %s (pid %d) while a is not ready, want not started", s.State, s.Pid)
+	}
+	payload, _ := anypb.New(wrapperspb.String("go"))
+	if _, err := f.bus.Publish("test", payload); err != nil {
+		t.Fatal(err)
+	}
+	f.waitRunning("b")
+	f.waitFor("all ready", func() bool { return f.sup.Ready(context.Background()) == nil })
+}
+
+func TestAfterNamesAnEarlierChild(t *testing.T) {
+	for _, after := range []string{"b", "nobody", "a"} {
+		a := supervisor.Child{Name: "a", After: []string{after}}
+		b := supervisor.Child{Name: "b"}
+		_, err := supervisor.New([]supervisor.Child{a, b}, supervisor.Options{})
+		if err == nil || !strings.Contains(err.Error(), "not a child before it") {
+			t.Errorf("a after %q: err %v, want refused", after, err)
+		}
+	}
+}

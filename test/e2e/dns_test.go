@@ -374,7 +374,7 @@ func TestDNSKillNine(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	waitFor(t, "the killed dns-proxy to be gone", func() bool { return processGone(old) })
+	waitFor(t, "every thread of the killed dns-proxy to be gone", func() bool { return processGone(old) })
 	burst := sendBurst(t, a.addr, 20)
 	if err := syscall.Kill(a.Pid(), syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -412,16 +412,19 @@ func TestDNSKillNine(t *testing.T) {
 	}
 }
 
-// processGone reports whether pid has exited: no such process, or a zombie nobody reaped yet
-// (agentd, frozen, cannot).
+// processGone reports whether every thread of pid has exited: no such process, or a zombie
+// (agentd, frozen, cannot reap it) with no thread left but its leader. The leader turns
+// zombie before the other threads are gone, and a thread woken by the SIGKILL in recvmmsg
+// still takes a datagram that arrives meanwhile: the test must not send before that.
 func processGone(pid int) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return true
 	}
 	// The state follows the command name, which is in parentheses and may hold spaces.
-	rest := stat[strings.LastIndexByte(string(stat), ')')+1:]
-	return len(rest) > 1 && (rest[1] == 'Z' || rest[1] == 'X')
+	state := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return state == "Z" && err == nil && len(tasks) <= 1
 }
 
 // burst is a set of queries sent at once from one socket without waiting for answers.
