@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -118,6 +119,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// PID 1, instead of the host's init's.
 	if err := proc.BecomeSubreaper(); err != nil && os.Getpid() != 1 {
 		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
+	}
+	if !hasGOGC(a.opts.Env) {
+		debug.SetGCPercent(treeGOGC)
 	}
 	a.log.Info("starting", "root", a.opts.Root, "helpers", a.opts.HelpersDir, "children", len(a.children))
 	g, gctx := errgroup.WithContext(a.status.quittable(ctx))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -35,23 +36,28 @@ var (
 	}
 )
 
-// helperGOGC is the helpers' GOGC unless agentd's environment sets one: a collection when the
-// heap grows by half rather than doubles. A helper's heap is mostly what it was handed at
-// once (a name table, an xDS push) and the garbage of decoding it; with 10 000 names and
-// endpoints it keeps the tree's PSS about 15 MB lower (scripts/bench/footprint.sh), for
-// collections that are rare at steady state (dns-proxy's query path does not allocate).
-const helperGOGC = "50"
+// treeGOGC is agentd's and its helpers' GOGC unless agentd's environment sets one: a
+// collection when the heap grows by half rather than doubles. A process's heap here is mostly
+// what it was handed at once (a name table, an xDS push, the bus's retained messages) and the
+// garbage of decoding it; with 10 000 names and endpoints it keeps the tree's PSS about 15 MB
+// lower in the helpers and 3-4 MB in agentd (scripts/bench/footprint.sh), for collections that
+// are rare at steady state (dns-proxy's query path does not allocate).
+const treeGOGC = 50
 
 // helperEnv returns the variables of env that the helper name may see, in env's order, and
-// GOGC=helperGOGC when env has no GOGC.
+// GOGC=treeGOGC when env has no GOGC.
 func helperEnv(name string, env []string) []string {
 	allowed := helperEnvAllowed[name]
 	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return !slices.Contains(helperEnvCommon, k) && !slices.Contains(allowed, k)
 	})
-	if !slices.ContainsFunc(out, func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") }) {
-		out = append(out, "GOGC="+helperGOGC)
+	if !hasGOGC(out) {
+		out = append(out, "GOGC="+strconv.Itoa(treeGOGC))
 	}
 	return out
+}
+
+func hasGOGC(env []string) bool {
+	return slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
 }

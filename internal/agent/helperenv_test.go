@@ -36,7 +36,7 @@ func TestHelperEnv(t *testing.T) {
 			t.Errorf("helperEnv(%s) = %q, want %q", tt.helper, got, tt.want)
 		}
 	}
-	if got, want := helperEnv("dns-proxy", []string{"PATH=/bin", "GOMEMLIMIT=1GiB"}), []string{"GOMEMLIMIT=1GiB", "GOGC=" + helperGOGC}; !slices.Equal(got, want) {
+	if got, want := helperEnv("dns-proxy", []string{"PATH=/bin", "GOMEMLIMIT=1GiB"}), []string{"GOMEMLIMIT=1GiB", "GOGC=" + strconv.Itoa(treeGOGC)}; !slices.Equal(got, want) {
 		t.Errorf("helperEnv without GOGC = %q, want %q", got, want)
 	}
 }
