@@ -46,7 +46,8 @@ func (f *fastScratch) reply(t *Table, pkt, dst []byte) (out []byte, ok bool) {
 	binary.BigEndian.PutUint16(out[8:], 0)
 	binary.BigEndian.PutUint16(out[10:], uint16(extra/optLen))
 	out = append(out, w.section...)
-	shuffleRecords(out[len(out)-w.n*w.rrLen:], w.n, w.rrLen)
+	n, rrLen := int(w.n), int(w.rrLen)
+	shuffleRecords(out[len(out)-n*rrLen:], n, rrLen)
 	if hasOpt {
 		out = append(out, 0, byte(dns.TypeOPT>>8), byte(dns.TypeOPT), localUDPSize>>8, localUDPSize&0xff, 0, 0, 0, 0, 0, 0)
 	}

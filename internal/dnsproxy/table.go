@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -43,25 +44,29 @@ type Table struct {
 }
 
 // host is one name the proxy answers for. A search-expanded name is a CNAME to its target;
-// any other name carries its addresses. Every name's answers are prebuilt, in miekg form for
-// the general path and in wire form for the fast path.
+// any other name carries its addresses, shared with the other names of its entry. The
+// replies to exact-name A and AAAA queries are prebuilt in wire form for the fast path; the
+// general path builds its records when asked, so that the table holds each address once.
 type host struct {
-	cname  *dns.CNAME // owner is the name itself; nil for an address name
-	target *host      // the CNAME's target
-	a      []dns.RR
-	aaaa   []dns.RR
+	cname  string        // the CNAME's target name; "" for an address name
+	target *host         // the CNAME's target
+	addrs  *addrs        // nil for a CNAME
 	wire   [2]wireAnswer // [0] for A, [1] for AAAA
 }
 
+// addrs are the addresses of a name table entry.
+type addrs struct{ ipv4, ipv6 []netip.Addr }
+
 // wireAnswer is the answer section of a reply to an exact-name query, packed with the
 // question at offset 12, so that it can follow a copy of the query's own header and
-// question. The address records are its last n records of size rrLen each.
+// question. The address records are its last n records of size rrLen each. Sections with
+// the same bytes (the variants of one entry: their records' owner is a pointer to the
+// question) share one slice.
 type wireAnswer struct {
-	ok      bool // false: build this reply on the general path
-	count   uint16
-	section []byte
-	n       int
-	rrLen   int
+	section  []byte
+	count, n uint16
+	rrLen    uint8
+	ok       bool // false: build this reply on the general path
 }
 
 // Len returns how many names the table answers for (variants and CNAMEs included).
@@ -72,8 +77,8 @@ func (t *Table) Entries() int { return t.entries }
 
 // entry is one name table entry with its IPs parsed.
 type entry struct {
-	names      []string
-	ipv4, ipv6 []netip.Addr
+	names []string
+	addrs *addrs
 }
 
 // NewTable builds the lookup table of nt. Entries without a parseable IP are skipped, as
@@ -106,37 +111,44 @@ func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 			}
 			for _, name := range names {
 				if _, taken := t.hosts[name]; !taken {
-					t.hosts[name] = &host{a: addressRRs(name, e.ipv4), aaaa: addressRRs(name, e.ipv6)}
+					t.hosts[name] = &host{addrs: e.addrs}
 				}
 			}
 		}
 	}
 	t.addSearchCNAMEs(n.Search)
+	sections := map[string][]byte{}
 	for name, h := range t.hosts {
-		h.wire[0] = packAnswer(name, dns.TypeA, h)
-		h.wire[1] = packAnswer(name, dns.TypeAAAA, h)
+		for fam, qtype := range []uint16{dns.TypeA, dns.TypeAAAA} {
+			w := packAnswer(name, qtype, h)
+			if shared, ok := sections[string(w.section)]; ok {
+				w.section = shared
+			} else if len(w.section) > 0 {
+				sections[string(w.section)] = w.section
+			}
+			h.wire[fam] = w
+		}
 	}
 	return t
 }
 
 func newEntry(hostname string, ni *ndsv1.NameTable_NameInfo, n Names) (entry, bool) {
-	var e entry
+	a := &addrs{}
 	for _, s := range ni.GetIps() {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
 			continue
 		}
 		if ip.Is4() || ip.Is4In6() {
-			e.ipv4 = append(e.ipv4, ip.Unmap())
+			a.ipv4 = append(a.ipv4, ip.Unmap())
 		} else {
-			e.ipv6 = append(e.ipv6, ip)
+			a.ipv6 = append(a.ipv6, ip)
 		}
 	}
-	if len(e.ipv4) == 0 && len(e.ipv6) == 0 {
-		return e, false
+	if len(a.ipv4) == 0 && len(a.ipv6) == 0 {
+		return entry{}, false
 	}
-	e.names = hostVariants(hostname, ni, n)
-	return e, true
+	return entry{names: hostVariants(hostname, ni, n), addrs: a}, true
 }
 
 // hostVariants returns the names Istio answers for an entry, the host name first: for a
@@ -180,8 +192,7 @@ func (t *Table) addSearchCNAMEs(search []string) {
 		if _, taken := t.hosts[expanded]; taken {
 			continue
 		}
-		cn := &dns.CNAME{Hdr: rrHeader(expanded, dns.TypeCNAME), Target: name}
-		t.hosts[expanded] = &host{cname: cn, target: t.hosts[name]}
+		t.hosts[expanded] = &host{cname: name, target: t.hosts[name]}
 	}
 }
 
@@ -194,50 +205,16 @@ func rrHeader(name string, rrtype uint16) dns.RR_Header {
 	return dns.RR_Header{Name: name, Rrtype: rrtype, Class: dns.ClassINET, Ttl: ttl}
 }
 
-func addressRRs(name string, ips []netip.Addr) []dns.RR {
-	if len(ips) == 0 {
-		return nil
-	}
-	rrs := make([]dns.RR, len(ips))
-	for i, ip := range ips {
-		if ip.Is4() {
-			rrs[i] = &dns.A{Hdr: rrHeader(name, dns.TypeA), A: ip.AsSlice()}
-		} else {
-			rrs[i] = &dns.AAAA{Hdr: rrHeader(name, dns.TypeAAAA), AAAA: ip.AsSlice()}
-		}
-	}
-	return rrs
-}
-
 // Lookup answers an A or AAAA question for name (lower-cased, fully qualified) with
 // Istio's semantics. found is false when the name is not in the table or the type is not
 // A or AAAA: the query goes upstream. A found name with no address of the asked family has
-// no answers (NODATA). The records are shared: callers copy before changing them.
+// no answers (NODATA). The records are new: the caller may change them.
 func (t *Table) Lookup(name string, qtype uint16) (answers []dns.RR, found bool) {
-	h, wildcard := t.find(name)
+	h, _ := t.find(name)
 	if h == nil || (qtype != dns.TypeA && qtype != dns.TypeAAAA) {
 		return nil, false
 	}
-	if !wildcard {
-		return h.answers(qtype), true
-	}
-	// A wildcard hit: the records' owner becomes the question, or for a CNAME hit the
-	// CNAME's owner becomes the question and its target's records keep their owner.
-	addrs := h.addresses(qtype)
-	if len(addrs) == 0 {
-		return nil, true
-	}
-	if h.cname != nil {
-		cn := dns.Copy(h.cname)
-		cn.Header().Name = name
-		return append([]dns.RR{cn}, addrs...), true
-	}
-	out := make([]dns.RR, len(addrs))
-	for i, rr := range addrs {
-		out[i] = dns.Copy(rr)
-		out[i].Header().Name = name
-	}
-	return out, true
+	return h.answers(name, qtype), true
 }
 
 // find returns the host for name: an exact match, else the closest wildcard "*.rest." of
@@ -257,30 +234,45 @@ func (t *Table) find(name string) (h *host, wildcard bool) {
 	return nil, false
 }
 
-// addresses returns the A or AAAA records the host resolves to, following its CNAME.
-func (h *host) addresses(qtype uint16) []dns.RR {
+// addresses returns the A or AAAA addresses the host resolves to, following its CNAME.
+func (h *host) addresses(qtype uint16) []netip.Addr {
 	if h.target != nil {
 		h = h.target
 	}
 	if qtype == dns.TypeAAAA {
-		return h.aaaa
+		return h.addrs.ipv6
 	}
-	return h.a
+	return h.addrs.ipv4
 }
 
-// answers returns the answer section for an exact-name query: the CNAME (if any) and the
-// addresses, or nothing when there is no address of that family.
-func (h *host) answers(qtype uint16) []dns.RR {
+// answers returns the answer section for a query of name that found h: the CNAME (if any)
+// and the addresses, or nothing when there is no address of that family. The records'
+// owner is name (a wildcard hit's owner is the question), the CNAME's target for the
+// addresses behind a CNAME.
+func (h *host) answers(name string, qtype uint16) []dns.RR {
 	addrs := h.addresses(qtype)
-	if len(addrs) == 0 || h.cname == nil {
-		return addrs
+	if len(addrs) == 0 {
+		return nil
 	}
-	return append([]dns.RR{h.cname}, addrs...)
+	owner := name
+	var out []dns.RR
+	if h.cname != "" {
+		out = append(make([]dns.RR, 0, 1+len(addrs)), &dns.CNAME{Hdr: rrHeader(name, dns.TypeCNAME), Target: h.cname})
+		owner = h.cname
+	}
+	for _, ip := range addrs {
+		if ip.Is4() {
+			out = append(out, &dns.A{Hdr: rrHeader(owner, dns.TypeA), A: ip.AsSlice()})
+		} else {
+			out = append(out, &dns.AAAA{Hdr: rrHeader(owner, dns.TypeAAAA), AAAA: ip.AsSlice()})
+		}
+	}
+	return out
 }
 
 // packAnswer prebuilds the wire answer section of the reply to (name, qtype).
 func packAnswer(name string, qtype uint16, h *host) wireAnswer {
-	answers := h.answers(qtype)
+	answers := h.answers(name, qtype)
 	m := &dns.Msg{Compress: true, Question: []dns.Question{{Name: name, Qtype: qtype, Qclass: dns.ClassINET}}}
 	m.Answer = answers
 	full, err := m.Pack()
@@ -288,18 +280,22 @@ func packAnswer(name string, qtype uint16, h *host) wireAnswer {
 		return wireAnswer{}
 	}
 	m.Answer = nil
-	w := wireAnswer{ok: true, count: uint16(len(answers)), section: full[m.Len():]}
-	w.n = len(h.addresses(qtype))
-	if w.n == 0 {
+	n := len(h.addresses(qtype))
+	if n > math.MaxUint16-1 {
+		return wireAnswer{}
+	}
+	w := wireAnswer{ok: true, count: uint16(len(answers)), n: uint16(n)}
+	if len(answers) == 0 {
 		return w
 	}
+	w.section = slices.Clone(full[m.Len():]) // not the whole packed message
 	// Each address record's owner compresses to a pointer: 2 + 10 + the address.
 	w.rrLen = 12 + 4
 	if qtype == dns.TypeAAAA {
 		w.rrLen = 12 + 16
 	}
-	cnameLen := len(w.section) - w.n*w.rrLen
-	if cnameLen < 0 || (h.cname == nil) != (cnameLen == 0) {
+	cnameLen := len(w.section) - n*int(w.rrLen)
+	if cnameLen < 0 || (h.cname == "") != (cnameLen == 0) {
 		return wireAnswer{}
 	}
 	return w
