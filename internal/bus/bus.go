@@ -57,6 +57,9 @@ func (b *Broker) Publish(topic string, payload *anypb.Any) (*agentv1.BusMessage,
 	if want, ok := payloadTypes[topic]; ok && payload.GetTypeUrl() != want {
 		return nil, fmt.Errorf("publish %s: payload is %q, want %q", topic, payload.GetTypeUrl(), want)
 	}
+	if len(payload.GetValue()) >= component.LargeMessage {
+		defer component.ReleaseMemory() // its decoding's garbage, and the message it replaces
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.seq++

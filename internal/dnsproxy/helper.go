@@ -189,4 +189,5 @@ func (h *Helper) onNameTable(m *agentv1.BusMessage) {
 	t := h.srv.SetNameTable(&nt)
 	h.once.Do(func() { close(h.firstTable) })
 	h.log.Info("name table updated", "entries", t.Entries(), "names", t.Len(), "first", first, "build", time.Since(start))
+	component.ReleaseMemory() // a build's garbage is several times the table it leaves
 }

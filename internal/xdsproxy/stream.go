@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/agentd/agentd/internal/component"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -286,6 +287,9 @@ func (s *pipe) handleResponses(ctx context.Context) {
 // upstream, forwards an Envoy type to the client, and drops anything else.
 func (s *pipe) handleResponse(ctx context.Context, resp *frame) error {
 	s.p.metrics.responses.Inc()
+	if len(resp.data) >= component.LargeMessage {
+		defer component.ReleaseMemory()
+	}
 	if h := s.p.handler(resp.typeURL); h != nil {
 		ack, err := s.f.consume(resp.data, func(a *anypb.Any) error {
 			err := h(ctx, a)

@@ -1,0 +1,40 @@
+package component
+
+import (
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// LargeMessage is the size of a message (a name table, an xDS push of thousands of
+// resources) after whose handling a process calls ReleaseMemory.
+const LargeMessage = 256 << 10
+
+// releaseDelay is how long after a large message the heap's free memory is given back.
+var releaseDelay = time.Second
+
+var release struct {
+	mu      sync.Mutex
+	pending bool
+}
+
+// ReleaseMemory gives the heap's free memory back to the system shortly after a large
+// message was handled (a name table, an xDS push of thousands of resources), at most once
+// per releaseDelay. Without it a Go process keeps the high-water mark of decoding such a
+// message for minutes, until the runtime's background scavenger catches up: with 10 000
+// names and endpoints that is several MB per helper (scripts/bench/footprint.sh). The delay
+// folds the messages of one push into one release, whose cost is a garbage collection.
+func ReleaseMemory() {
+	release.mu.Lock()
+	defer release.mu.Unlock()
+	if release.pending {
+		return
+	}
+	release.pending = true
+	time.AfterFunc(releaseDelay, func() {
+		release.mu.Lock()
+		release.pending = false
+		release.mu.Unlock()
+		debug.FreeOSMemory()
+	})
+}
