@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,5 +99,31 @@ func TestKillEndsTheWholeGroup(t *testing.T) {
 			t.Fatalf("process group %d still has live members after Kill", p.Pid())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestZombieChildren: a child that exited and was not waited for is listed, from the threads'
+// children lists, until it is waited for.
+func TestZombieChildren(t *testing.T) {
+	if _, ok := childPids(syscall.Getpid()); !ok {
+		t.Log("no /proc/<pid>/task/<tid>/children on this kernel: every process's stat is read")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(zombieChildren(syscall.Getpid()), pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("exited child %d never listed as a zombie", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(zombieChildren(syscall.Getpid()), pid) {
+		t.Errorf("child %d still listed after it was waited for", pid)
 	}
 }

@@ -3,6 +3,8 @@ package proc
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strconv"
@@ -55,19 +57,17 @@ func reapOrphans() []int {
 	return reaped
 }
 
-// zombieChildren lists the pids in state Z whose parent is ppid.
+// zombieChildren lists the pids in state Z whose parent is ppid. It reads the children lists
+// of ppid's threads (/proc/<ppid>/task/<tid>/children: a few short files), or, on a kernel
+// without them, every process's stat.
 func zombieChildren(ppid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
+	candidates, ok := childPids(ppid)
+	if !ok {
+		candidates = allPids()
 	}
 	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	for _, pid := range candidates {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
 			continue
 		}
@@ -81,6 +81,46 @@ func zombieChildren(ppid int) []int {
 			continue
 		}
 		if p, err := strconv.Atoi(string(f[1])); err == nil && p == ppid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// childPids returns the children of ppid's threads, and false when the kernel does not list
+// them (CONFIG_PROC_CHILDREN).
+func childPids(ppid int) ([]int, bool) {
+	dir := "/proc/" + strconv.Itoa(ppid) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, false
+	}
+	var pids []int
+	for _, t := range tasks {
+		list, err := os.ReadFile(dir + "/" + t.Name() + "/children")
+		if errors.Is(err, fs.ErrNotExist) {
+			if _, statErr := os.Stat(dir + "/" + t.Name()); statErr == nil {
+				return nil, false // the thread is there, its children list is not
+			}
+		}
+		for _, f := range bytes.Fields(list) {
+			if pid, err := strconv.Atoi(string(f)); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids, true
+}
+
+// allPids returns the pids of every process in /proc.
+func allPids() []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
 			pids = append(pids, pid)
 		}
 	}
