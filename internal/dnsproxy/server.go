@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,8 +18,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
@@ -115,10 +111,22 @@ func (s *Server) Ready() error {
 func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.Listener) error {
 	// Queries already read are answered even after ctx ends; each forward has its timeout.
 	work := context.WithoutCancel(ctx)
+	socks := make([]*udpSocket, 0, len(udp))
+	defer func() {
+		for _, u := range socks {
+			u.close()
+		}
+	}()
 	for _, pc := range udp {
-		if err := setBlockingRead(pc); err != nil {
+		uc, ok := pc.(*net.UDPConn)
+		if !ok {
+			return fmt.Errorf("serve dns: %T is not a UDP socket", pc)
+		}
+		u, err := openUDPSocket(uc)
+		if err != nil {
 			return err
 		}
+		socks = append(socks, u)
 	}
 	for _, l := range tcp {
 		if err := setNonblock(l); err != nil {
@@ -127,17 +135,14 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 	}
 	var inflight sync.WaitGroup
 	g, gctx := errgroup.WithContext(ctx)
-	for _, pc := range udp {
-		uc, ok := pc.(*net.UDPConn)
-		if !ok {
-			return fmt.Errorf("serve dns: %T is not a UDP socket", pc)
-		}
+	for _, u := range socks {
 		for range s.cfg.UDPReaders {
-			g.Go(func() error { return s.readUDP(work, uc, &inflight) })
+			g.Go(func() error { s.readUDP(work, u, &inflight); return nil })
 		}
 		g.Go(func() error {
 			<-gctx.Done()
-			return uc.SetReadDeadline(time.Unix(1, 0)) // unblocks the readers
+			u.stop()
+			return nil
 		})
 	}
 	for _, l := range tcp {
@@ -145,9 +150,6 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 	}
 	err := g.Wait()
 	inflight.Wait()
-	for _, pc := range udp {
-		pc.Close()
-	}
 	s.fwd.close()
 	if ctx.Err() != nil {
 		return nil
@@ -192,71 +194,55 @@ const (
 )
 
 // readUDP reads queries in batches, answers the table hits in place and writes their
-// replies in one batch, and hands every other query to a goroutine. The socket is in
-// blocking mode (setBlockingRead): recvmmsg waits in the kernel for the first query and
-// takes the ones queued behind it (MSG_WAITFORONE), which costs far less than a round
-// through Go's poller per batch; its receive timeout lets the reader see the stop.
-func (s *Server) readUDP(work context.Context, conn *net.UDPConn, inflight *sync.WaitGroup) error {
-	var bc batchConn = ipv4.NewPacketConn(conn)
-	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
-		bc = ipv6.NewPacketConn(conn)
-	}
-	in := make([]ipv4.Message, udpBatch)
-	replies := make([]ipv4.Message, udpBatch) // reused, so that a batch allocates nothing
-	for i := range in {
-		in[i].Buffers = [][]byte{make([]byte, maxUDPQuery)}
-		replies[i].Buffers = [][]byte{make([]byte, 0, localUDPSize)}
+// replies in one batch, and hands every other query to a goroutine, until u is stopped.
+// recvmmsg waits in the kernel for the first query and takes the ones queued behind it
+// (udpSocket.read), which costs far less than a round through Go's poller per batch.
+func (s *Server) readUDP(work context.Context, u *udpSocket, inflight *sync.WaitGroup) {
+	in := newDatagrams(udpBatch, maxUDPQuery)
+	out := newDatagrams(udpBatch, 0)
+	replies := make([][]byte, udpBatch) // reused, so that a batch allocates nothing
+	for i := range replies {
+		replies[i] = make([]byte, 0, localUDPSize)
 	}
 	var scratch fastScratch
-	for {
-		n, err := bc.ReadBatch(in, unix.MSG_WAITFORONE)
+	for !u.stopped.Load() {
+		n, err := u.read(in)
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
 			s.log.Debug("read udp", "error", err)
 			continue
 		}
 		t := s.table.Load()
-		out := replies[:0]
-		for i := range in[:n] {
-			m := &in[i]
-			addr, ok := m.Addr.(*net.UDPAddr)
-			if !ok || m.Flags&unix.MSG_TRUNC != 0 {
+		answered := 0
+		for i := range n {
+			pkt, ok := in.datagram(i)
+			if !ok {
 				continue
 			}
-			pkt := m.Buffers[0][:m.N]
 			if t != nil {
-				r := &replies[len(out)]
-				if reply, ok := scratch.reply(t, pkt, r.Buffers[0][:0]); ok {
+				if reply, ok := scratch.reply(t, pkt, replies[answered][:0]); ok {
 					s.metrics.requests.Inc()
-					r.Buffers[0], r.Addr = reply, addr
-					out = out[:len(out)+1]
+					replies[answered] = reply
+					out.setReply(answered, reply, in, i)
+					answered++
 					continue
 				}
 			}
-			s.goSlow(work, inflight, conn, pkt, addr.AddrPort())
+			s.goSlow(work, inflight, u, pkt, in.peer(i))
 		}
-		for len(out) > 0 {
-			n, err := bc.WriteBatch(out, unix.MSG_DONTWAIT)
+		for sent := 0; sent < answered; {
+			n, err := u.write(out, sent, answered)
 			if err != nil {
 				s.log.Debug("write udp replies", "error", err)
 				break
 			}
-			out = out[n:]
+			sent += n
 		}
 	}
 }
 
-// batchConn is ipv4.PacketConn or ipv6.PacketConn.
-type batchConn interface {
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
-	WriteBatch(ms []ipv4.Message, flags int) (int, error)
-}
-
 // goSlow answers a query on the general path in a goroutine, or drops it when too many are
 // in flight (the client retries).
-func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, conn *net.UDPConn, pkt []byte, addr netip.AddrPort) {
+func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, u *udpSocket, pkt []byte, p peer) {
 	select {
 	case s.slots <- struct{}{}:
 	default:
@@ -265,13 +251,13 @@ func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, conn *ne
 	q := append([]byte(nil), pkt...)
 	inflight.Go(func() {
 		defer func() { <-s.slots }()
-		s.serveUDPSlow(work, conn, q, addr)
+		s.serveUDPSlow(work, u, q, &p)
 	})
 }
 
 // serveUDPSlow answers one UDP query the fast path did not, accepting and rejecting
 // malformed queries as miekg's server does.
-func (s *Server) serveUDPSlow(ctx context.Context, conn *net.UDPConn, pkt []byte, addr netip.AddrPort) {
+func (s *Server) serveUDPSlow(ctx context.Context, u *udpSocket, pkt []byte, p *peer) {
 	req, reject := unpackQuery(pkt)
 	var out []byte
 	switch {
@@ -282,8 +268,8 @@ func (s *Server) serveUDPSlow(ctx context.Context, conn *net.UDPConn, pkt []byte
 	default:
 		return // not even a header, or a response: drop it
 	}
-	if _, err := conn.WriteToUDPAddrPort(out, addr); err != nil {
-		s.log.Debug("write udp reply", "client", addr, "error", err)
+	if err := u.writeTo(out, p); err != nil {
+		s.log.Debug("write udp reply", "client", p.String(), "error", err)
 	}
 }
 
@@ -429,36 +415,8 @@ func shuffled(answers []dns.RR) []dns.RR {
 	return out
 }
 
-// udpReadTimeout bounds how long a blocking read waits before the reader looks at the
-// read deadline again (Serve's stop).
+// udpReadTimeout bounds how long a blocking read waits before the reader looks for the stop.
 const udpReadTimeout = 100 * time.Millisecond
-
-// setBlockingRead puts a UDP socket in blocking mode with a receive timeout, for readUDP.
-// Both belong to the socket, so every process sharing it (an old and a new dns-proxy during
-// a swap) reads the same way; agentd only holds it.
-func setBlockingRead(pc net.PacketConn) error {
-	sc, ok := pc.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("udp socket: %w", err)
-	}
-	tv := unix.NsecToTimeval(udpReadTimeout.Nanoseconds())
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		if serr = unix.SetNonblock(int(fd), false); serr == nil {
-			serr = unix.SetsockoptTimeval(int(fd), unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		}
-	}); err != nil {
-		return fmt.Errorf("udp socket: %w", err)
-	}
-	if serr != nil {
-		return fmt.Errorf("set udp socket to blocking reads: %w", serr)
-	}
-	return nil
-}
 
 // setNonblock puts an inherited socket back in non-blocking mode: the mode belongs to the
 // socket, shared with agentd and the other processes it was handed to, and starting a child

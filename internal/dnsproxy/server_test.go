@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
@@ -455,5 +456,82 @@ func TestServeStopsUnderLoad(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return within 10 s of the stop under load")
+	}
+}
+
+// serveOn runs s on pc and l until the test ends.
+func serveOn(t *testing.T, s *Server, pc net.PacketConn, l net.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, []net.PacketConn{pc}, []net.Listener{l}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve() = %v", err)
+		}
+	})
+}
+
+// TestServeNonBlockingSocket: agentd puts a socket back in non-blocking mode when it starts
+// the next process of a swap; the reader of the process still serving keeps answering.
+func TestServeNonBlockingSocket(t *testing.T) {
+	u := startUpstream(t)
+	s, err := NewServer(Config{Names: testNames, Upstreams: []string{u.addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetNameTable(testNameTable())
+	pc, l := listenPair(t)
+	addr := pc.LocalAddr().String()
+	f, err := pc.File() // another holder of the socket, as agentd
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	serveOn(t, s, pc, l)
+	query(t, addr, "udp", "details.", dns.TypeA, 0) // the reader has the socket
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetNonblock(int(fd), true) }); err != nil || serr != nil {
+		t.Fatalf("set non-blocking: %v %v", err, serr)
+	}
+	for range 3 {
+		if got := answerStrings(query(t, addr, "udp", "details.", dns.TypeA, 0)); !slices.Equal(got, []string{"details. a 10.0.0.1"}) {
+			t.Errorf("table hit on a non-blocking socket: %q", got)
+		}
+		if got := answerStrings(query(t, addr, "udp", "www.example.net.", dns.TypeA, 0)); !slices.Equal(got, []string{"www.example.net. a 198.51.100.1"}) {
+			t.Errorf("forwarded on a non-blocking socket: %q", got)
+		}
+		time.Sleep(udpReadTimeout) // the reader waits again
+	}
+}
+
+// TestServeIPv6 answers on ::1, on the fast and the general path.
+func TestServeIPv6(t *testing.T) {
+	u := startUpstream(t)
+	s, err := NewServer(Config{Names: testNames, Upstreams: []string{u.addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetNameTable(testNameTable())
+	pc, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	serveOn(t, s, pc, l)
+	if got := answerStrings(query(t, addr, "udp", "details.", dns.TypeA, 0)); !slices.Equal(got, []string{"details. a 10.0.0.1"}) {
+		t.Errorf("table hit over IPv6: %q", got)
+	}
+	if got := answerStrings(query(t, addr, "udp", "www.example.net.", dns.TypeA, 0)); !slices.Equal(got, []string{"www.example.net. a 198.51.100.1"}) {
+		t.Errorf("forwarded over IPv6: %q", got)
 	}
 }
