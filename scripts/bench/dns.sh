@@ -108,18 +108,22 @@ cputicks() { # PID: user+system clock ticks so far
 	awk '{print $14 + $15}' "/proc/$1/stat"
 }
 
-perf() { # PORT FILE [PID]: "qps avg_latency_ms lost sent cpu_us_per_query" (cpu of PID)
-	local before=0 after=0
+perf() { # PORT FILE [PID]: "qps avg_latency_ms lost sent cpu_us_per_query agentd_cpu_us_per_query"
+	# (cpu of PID, and of the agentd process itself, which holds dns-proxy's sockets)
+	local before=0 after=0 abefore aafter
 	[ -n "${3:-}" ] && before=$(cputicks "$3")
+	abefore=$(cputicks "$agentd_pid")
 	dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 5 >"$work/dnsperf.out" 2>&1
 	[ -n "${3:-}" ] && after=$(cputicks "$3")
-	awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
+	aafter=$(cputicks "$agentd_pid")
+	awk -v ticks=$((after - before)) -v aticks=$((aafter - abefore)) -v hz="$(getconf CLK_TCK)" '
 		/Queries sent:/ {sent=$3}
 		/Queries lost:/ {lost=$3}
 		/Queries completed:/ {done=$3}
 		/Queries per second:/ {qps=$4}
 		/Average Latency/ {lat=$4 * 1000}
-		END {printf "%.0f %.3f %d %d %.1f\n", qps, lat, lost, sent, (done > 0 ? ticks / hz * 1e6 / done : 0)}' "$work/dnsperf.out"
+		END {printf "%.0f %.3f %d %d %.1f %.1f\n", qps, lat, lost, sent, (done > 0 ? ticks / hz * 1e6 / done : 0),
+			(done > 0 ? aticks / hz * 1e6 / done : 0)}' "$work/dnsperf.out"
 }
 
 row() { # LABEL FILE: agentd, dnsmasq, dnsmasq, agentd (load on this shared machine drifts), averaged
@@ -129,11 +133,11 @@ row() { # LABEL FILE: agentd, dnsmasq, dnsmasq, agentd (load on this shared mach
 	d2=$(perf "$dm" "$2" "$dm_pid")
 	a2=$(perf "$ad" "$2" "$(dns_proxy_pid)")
 	printf "%s\n%s\n%s\n%s\n" "$a1" "$a2" "$d1" "$d2" | awk -v label="$1" '
-		{q[NR]=$1; l[NR]=$2; lost[NR]=$3; c[NR]=$5}
+		{q[NR]=$1; l[NR]=$2; lost[NR]=$3; c[NR]=$5; ac[NR]=$6}
 		END {
 			aq=(q[1]+q[2])/2; dq=(q[3]+q[4])/2
-			printf "%-12s %10.0f %7.3f %5d %7.1f   %10.0f %7.3f %5d %7.1f   %6.2f\n", label,
-				aq, (l[1]+l[2])/2, lost[1]+lost[2], (c[1]+c[2])/2,
+			printf "%-12s %10.0f %7.3f %5d %7.1f %7.1f   %10.0f %7.3f %5d %7.1f   %6.2f\n", label,
+				aq, (l[1]+l[2])/2, lost[1]+lost[2], (c[1]+c[2])/2, (ac[1]+ac[2])/2,
 				dq, (l[3]+l[4])/2, lost[3]+lost[4], (c[3]+c[4])/2, (dq > 0 ? aq / dq : 0)
 		}'
 }
@@ -147,8 +151,9 @@ print(next(c["pid"] for c in json.load(sys.stdin)["children"] if c["name"] == "d
 echo
 echo "dnsperf, UDP, ${DURATION}s per run (two runs each, in the order agentd dnsmasq dnsmasq agentd), $CLIENTS clients,"
 echo "$OUTSTANDING outstanding, $NAMES names; $(nproc) cores shared with dnsperf"
-echo "(cpu = CPU time of dns-proxy or dnsmasq per answered query, in microseconds)"
-printf "%-12s %10s %7s %5s %7s   %10s %7s %5s %7s   %6s\n" "" "agentd qps" "avg ms" "lost" "cpu us" "dnsmasq" "avg ms" "lost" "cpu us" "ratio"
+echo "(cpu = CPU time of dns-proxy or dnsmasq per answered query, in microseconds; agentd = CPU"
+echo "time of the agentd process itself, which holds dns-proxy's sockets, per query)"
+printf "%-12s %10s %7s %5s %7s %7s   %10s %7s %5s %7s   %6s\n" "" "agentd qps" "avg ms" "lost" "cpu us" "agentd" "dnsmasq" "avg ms" "lost" "cpu us" "ratio"
 row "table hits" "$work/hits.txt"
 row "forwarded" "$work/fwd.txt"
 
