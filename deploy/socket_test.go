@@ -36,7 +36,8 @@ func TestSocketActivation(t *testing.T) {
 	mustWrite(t, resolv, "nameserver 127.0.0.1\n")
 
 	systemdAddr, ownAddr := freeAddr(t, false), freeAddr(t, true)
-	agentd := exec.Command(activate, "-l", systemdAddr, "--fdname=dns-tcp", "--",
+	// dns-proxy runs only with DNS on, as Istio's DNS proxy.
+	agentd := exec.Command(activate, "-l", systemdAddr, "--fdname=dns-tcp", "--setenv=ISTIO_META_DNS_CAPTURE=true", "--",
 		filepath.Join(bin, "agentd"), "run", "--root", root, "--helpers-dir", bin, "--disable-envoy",
 		"--discovery-address", pilot, "--dns-address", ownAddr, "--resolv-conf", resolv,
 		"--status-port", port(freeAddr(t, false)))

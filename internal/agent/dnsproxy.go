@@ -23,15 +23,23 @@ const (
 	rootResolvConf = "/var/lib/istio/resolv.conf"
 )
 
+// dnsOn reports whether Istio's agent would run its DNS proxy: ISTIO_META_DNS_CAPTURE or
+// ISTIO_META_ENABLE_DNS_SERVER. xds-proxy asks for the name table only then.
+func (a *Agent) dnsOn() bool {
+	return envTrue(a.opts.getenv("ISTIO_META_DNS_CAPTURE")) || envTrue(a.opts.getenv("ISTIO_META_ENABLE_DNS_SERVER"))
+}
+
 // dnsProxy is the dns-proxy child, set up as Istio's agent sets up its DNS proxy: UDP and TCP
 // sockets on DNS_PROXY_ADDR (--dns-address), upstreams from --resolv-conf, DNS_FORWARD_TIMEOUT,
-// DNS_FORWARD_PARALLEL and POD_NAMESPACE. With ISTIO_META_DNS_CAPTURE or
-// ISTIO_META_ENABLE_DNS_SERVER on, readiness waits for the first name table, as Istio's does.
+// DNS_FORWARD_PARALLEL and POD_NAMESPACE; readiness waits for the first name table, as
+// Istio's does. It is nil, no process at all, when the DNS proxy is off (dnsOn).
 func (a *Agent) dnsProxy() (*supervisor.Child, error) {
+	if !a.dnsOn() {
+		return nil, nil
+	}
 	cfg := &agentv1.DNSProxyConfig{
-		ResolvConf:        a.opts.ResolvConf,
-		PodNamespace:      a.opts.getenv("POD_NAMESPACE"),
-		ReadyWithoutTable: !envTrue(a.opts.getenv("ISTIO_META_DNS_CAPTURE")) && !envTrue(a.opts.getenv("ISTIO_META_ENABLE_DNS_SERVER")),
+		ResolvConf:   a.opts.ResolvConf,
+		PodNamespace: a.opts.getenv("POD_NAMESPACE"),
 	}
 	if cfg.ResolvConf == "" {
 		cfg.ResolvConf = dnsproxy.DefaultResolvConf

@@ -58,7 +58,7 @@ func (a *Agent) xdsProxyConfig(pc *meshv1.ProxyConfig) (*agentv1.XDSProxyConfig,
 		Headers:          envPrefixed(a.opts.Env, "XDS_HEADER_"),
 		IstiodSan:        env("ISTIOD_SAN"),
 		TokenPath:        a.rootedPath(sds.DefaultTokenFile),
-		NameTable:        envTrue(env("ISTIO_META_DNS_CAPTURE")) || envTrue(env("ISTIO_META_ENABLE_DNS_SERVER")),
+		NameTable:        a.dnsOn(),
 		ProxyConfig:      envTrue(env("PROXY_CONFIG_XDS_AGENT")),
 	}
 	if cfg.DiscoveryAddress == "" {

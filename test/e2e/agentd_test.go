@@ -12,7 +12,10 @@ import (
 	"github.com/agentd/agentd/internal/control"
 )
 
-var helpers = []string{"prober", "sds-server", "xds-proxy", "dns-proxy"}
+// helpers are the children of `agentd run --disable-envoy` with Istio's defaults: no
+// dns-proxy, as Istio runs no DNS proxy unless ISTIO_META_DNS_CAPTURE or
+// ISTIO_META_ENABLE_DNS_SERVER turns it on (dns_test.go).
+var helpers = []string{"prober", "sds-server", "xds-proxy"}
 
 func childPids(t *testing.T, st control.Status) map[string]int {
 	t.Helper()
@@ -23,7 +26,7 @@ func childPids(t *testing.T, st control.Status) map[string]int {
 	return pids
 }
 
-// TestRunStatusAndStop: `agentd run --disable-envoy` starts the four helpers, `agentd status
+// TestRunStatusAndStop: `agentd run --disable-envoy` starts the helpers, `agentd status
 // --json` shows them running with exactly the documented fields, and SIGTERM ends every
 // process of the tree with exit status 0.
 func TestRunStatusAndStop(t *testing.T) {
@@ -60,7 +63,7 @@ func TestRunStatusAndStop(t *testing.T) {
 		t.Errorf("status = ready %v children %v, want ready with %v", raw.Ready, names, helpers)
 	}
 	table, err := a.CLI("status")
-	if err != nil || !strings.Contains(table, "dns-proxy") || !strings.Contains(table, "running") {
+	if err != nil || !strings.Contains(table, "xds-proxy") || !strings.Contains(table, "running") {
 		t.Errorf("agentd status table:\n%s (%v)", table, err)
 	}
 
@@ -101,34 +104,34 @@ func TestSwapCommand(t *testing.T) {
 	a := startAgentd(t, nil, "--disable-envoy")
 	before := childPids(t, a.WaitReady())
 
-	data, err := os.ReadFile(bin("dns-proxy"))
+	data, err := os.ReadFile(bin("prober"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	patched := filepath.Join(t.TempDir(), "dns-proxy")
+	patched := filepath.Join(t.TempDir(), "prober")
 	if err := os.WriteFile(patched, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out, err := a.CLI("swap", "dns-proxy", "--binary", patched, "--sha256", strings.Repeat("ab", 32))
+	out, err := a.CLI("swap", "prober", "--binary", patched, "--sha256", strings.Repeat("ab", 32))
 	if err == nil || !strings.Contains(out, "checksum") {
 		t.Fatalf("swap with a wrong checksum: err %v, output %q; want a refusal naming the checksum", err, out)
 	}
-	if now := childPids(t, a.WaitReady()); now["dns-proxy"] != before["dns-proxy"] {
-		t.Fatalf("a refused swap changed dns-proxy's pid %d → %d", before["dns-proxy"], now["dns-proxy"])
+	if now := childPids(t, a.WaitReady()); now["prober"] != before["prober"] {
+		t.Fatalf("a refused swap changed prober's pid %d → %d", before["prober"], now["prober"])
 	}
 
-	out, err = a.CLI("swap", "dns-proxy", "--binary", patched, "--sha256", sha256Hex(data))
+	out, err = a.CLI("swap", "prober", "--binary", patched, "--sha256", sha256Hex(data))
 	if err != nil {
 		t.Fatalf("swap: %v\n%s", err, out)
 	}
 	st := a.WaitReady()
 	for _, c := range st.Children {
-		if c.Name == "dns-proxy" && (c.Binary != patched || c.Pid == before["dns-proxy"]) {
-			t.Errorf("after swap dns-proxy = %+v, want a new pid running %s", c, patched)
+		if c.Name == "prober" && (c.Binary != patched || c.Pid == before["prober"]) {
+			t.Errorf("after swap prober = %+v, want a new pid running %s", c, patched)
 		}
 	}
-	if alive(before["dns-proxy"]) {
-		t.Errorf("the old dns-proxy (pid %d) still runs after the swap", before["dns-proxy"])
+	if alive(before["prober"]) {
+		t.Errorf("the old prober (pid %d) still runs after the swap", before["prober"])
 	}
 }
 

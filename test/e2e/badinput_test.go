@@ -57,7 +57,7 @@ func TestBrokenHelperBinary(t *testing.T) {
 		mode         os.FileMode
 	}{
 		{"corrupt executable", "sds-server", "\x7fELF\x02\x01\x01garbage", 0o755},
-		{"not executable", "dns-proxy", "#!/bin/sh\nexit 0\n", 0o644},
+		{"not executable", "xds-proxy", "#!/bin/sh\nexit 0\n", 0o644},
 		{"not a plugin", "prober", "#!/bin/sh\necho hello\nexit 0\n", 0o755},
 	}
 	for _, tt := range tests {

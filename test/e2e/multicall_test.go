@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestHelpersAsLinksToAgentd: a helpers directory of links to agentd (dns-proxy -> agentd, ...)
+// TestHelpersAsLinksToAgentd: a helpers directory of links to agentd (prober -> agentd, ...)
 // runs the whole tree from agentd's one executable file, each helper served by agentd's binary
 // under the helper's name; one helper can still be swapped for its own binary.
 func TestHelpersAsLinksToAgentd(t *testing.T) {
@@ -27,11 +27,11 @@ func TestHelpersAsLinksToAgentd(t *testing.T) {
 			t.Errorf("%s runs %q (%v), want agentd's binary %s", ch.Name, exe, err, bin("agentd"))
 		}
 	}
-	if out, err := a.CLI("swap", "dns-proxy", "--binary", bin("dns-proxy")); err != nil {
-		t.Fatalf("swap dns-proxy for its own binary: %v\n%s", err, out)
+	if out, err := a.CLI("swap", "prober", "--binary", bin("prober")); err != nil {
+		t.Fatalf("swap prober for its own binary: %v\n%s", err, out)
 	}
-	pid := childPid(t, a, "dns-proxy")
-	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != bin("dns-proxy") {
-		t.Errorf("after the swap dns-proxy runs %s, want %s", exe, bin("dns-proxy"))
+	pid := childPid(t, a, "prober")
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != bin("prober") {
+		t.Errorf("after the swap prober runs %s, want %s", exe, bin("prober"))
 	}
 }

@@ -271,10 +271,10 @@ func TestControlSocketOtherUser(t *testing.T) {
 	}
 	out, err = status(nobody)
 	t.Logf("uid %d on a socket open to all: %v %q", nobody, err, out)
-	if err == nil || strings.Contains(out, "permission denied") || strings.Contains(out, "dns-proxy") {
+	if err == nil || strings.Contains(out, "permission denied") || strings.Contains(out, "xds-proxy") {
 		t.Errorf("uid %d on a socket open to all: %v %q, want refused by agentd (the connection closed), not by the mode", nobody, err, out)
 	}
-	if out, err := status(0); err != nil || !strings.Contains(out, "dns-proxy") {
+	if out, err := status(0); err != nil || !strings.Contains(out, "xds-proxy") {
 		t.Errorf("root's agentd status: %v %q, want the children", err, out)
 	}
 }
