@@ -112,6 +112,9 @@ func (u *udpSocket) read(b *datagrams) (int, error) {
 		case unix.EAGAIN:
 			// The receive timeout in blocking mode; in non-blocking mode (agentd sets it while
 			// starting the next process of a swap) wait here instead of spinning.
+			if u.stopped.Load() {
+				return 0, nil
+			}
 			if _, err := unix.Poll([]unix.PollFd{{Fd: int32(u.fd), Events: unix.POLLIN}}, int(udpReadTimeout.Milliseconds())); err != nil && err != unix.EINTR {
 				return 0, fmt.Errorf("wait for udp queries: %w", err)
 			}
