@@ -34,9 +34,6 @@ func (a *Agent) dnsOn() bool {
 // DNS_FORWARD_PARALLEL and POD_NAMESPACE; readiness waits for the first name table, as
 // Istio's does. It is nil, no process at all, when the DNS proxy is off (dnsOn).
 func (a *Agent) dnsProxy() (*supervisor.Child, error) {
-	if !a.dnsOn() {
-		return nil, nil
-	}
 	cfg := &agentv1.DNSProxyConfig{
 		ResolvConf:   a.opts.ResolvConf,
 		PodNamespace: a.opts.getenv("POD_NAMESPACE"),
@@ -57,6 +54,9 @@ func (a *Agent) dnsProxy() (*supervisor.Child, error) {
 			return nil, fmt.Errorf("DNS_FORWARD_PARALLEL %q: %w", v, err)
 		}
 		cfg.ForwardParallel = p
+	}
+	if !a.dnsOn() { // its settings still have to parse: a typo shows before DNS is turned on
+		return nil, nil
 	}
 	addr := a.opts.DNSAddress
 	if addr == "" {

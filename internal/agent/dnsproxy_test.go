@@ -4,7 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/agentd/agentd/internal/supervisor"
 )
@@ -54,5 +57,46 @@ func TestDNSSockets(t *testing.T) {
 	got, err := dnsSockets("localhost:0", dual)
 	if err != nil || len(got) != 4 || got[0].Address == "127.0.0.1:0" || got[0].Address[len("127.0.0.1"):] != got[2].Address[len("[::1]"):] {
 		t.Errorf("dnsSockets(localhost:0) = %v, %v; want one free port on both families", got, err)
+	}
+}
+
+// TestDNSProxyOnlyWhenOn: dns-proxy is a child only when Istio's DNS proxy would run, and its
+// settings are checked either way.
+func TestDNSProxyOnlyWhenOn(t *testing.T) {
+	tests := []struct {
+		env     []string
+		want    bool
+		wantErr string
+	}{
+		{env: nil, want: false},
+		{env: []string{"ISTIO_META_DNS_CAPTURE=false"}, want: false},
+		{env: []string{"ISTIO_META_DNS_CAPTURE=true"}, want: true},
+		{env: []string{"ISTIO_META_ENABLE_DNS_SERVER=true"}, want: true},
+		{env: []string{"DNS_FORWARD_TIMEOUT=soon"}, wantErr: "DNS_FORWARD_TIMEOUT"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.env, ","), func(t *testing.T) {
+			resolv := filepath.Join(t.TempDir(), "resolv.conf")
+			if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			a := &Agent{opts: Options{Env: tt.env, Root: t.TempDir(), DNSAddress: "127.0.0.1:0", ResolvConf: resolv}, log: hclog.NewNullLogger()}
+			c, err := a.dnsProxy()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("dnsProxy() error = %v, want one naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c != nil; got != tt.want {
+				t.Errorf("dns-proxy child: %v, want %v", got, tt.want)
+			}
+			if got, want := a.dnsOn(), tt.want; got != want {
+				t.Errorf("dnsOn() = %v, want %v (xds-proxy asks for the name table then)", got, want)
+			}
+		})
 	}
 }
