@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,11 +27,14 @@ import (
 
 // Spec is how agentd starts one process of a helper.
 type Spec struct {
-	Name    string
-	Binary  string
-	Files   []*os.File // inherited sockets, handed down from fd 3 on
-	Sockets []string   // their names, in the same order
-	Env     []string   // the helper's whole environment
+	Name   string
+	Binary string
+	// Files are the inherited sockets, handed down from fd 3 on. They must be outside Go's
+	// poller, as the supervisor opens them: os/exec would switch a polled one to blocking
+	// mode, a mode the socket shares with the process still serving it during a swap.
+	Files   []*os.File
+	Sockets []string // their names, in the same order
+	Env     []string // the helper's whole environment
 	Config  proto.Message
 	Root    string
 	Bus     agentv1.BusServer
@@ -234,27 +236,7 @@ func (r *procRunner) Start(context.Context) error {
 		return err
 	}
 	r.proc = p
-	// os/exec hands each socket down through File.Fd, which puts it in blocking mode, and that
-	// mode belongs to the socket, shared with the child's process still serving it during a
-	// swap: a blocking accept or read there would not return on its drain. Put it back.
-	for _, f := range r.cmd.ExtraFiles {
-		if err := setNonblock(f); err != nil {
-			return fmt.Errorf("restore non-blocking mode of %s: %w", f.Name(), err)
-		}
-	}
 	return nil
-}
-
-func setNonblock(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.SetNonblock(int(fd), true) }); err != nil {
-		return err
-	}
-	return serr
 }
 
 func (r *procRunner) Wait(context.Context) error {

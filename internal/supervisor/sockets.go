@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // openSockets opens every child's listening sockets once; they live as long as the supervisor,
@@ -44,13 +46,49 @@ func (s *Supervisor) path(addr string) string {
 	return filepath.Join(s.opts.Root, addr)
 }
 
+// openSocket returns sock's listening socket as a descriptor outside agentd's poller: agentd
+// only holds it for its children, and a descriptor in its poller would wake agentd's poller
+// thread for every datagram and connection a child serves (about 4-7 µs of agentd's CPU per
+// DNS query, scripts/bench/dns.sh).
 func (s *Supervisor) openSocket(sock Socket) (*os.File, error) {
 	if f := s.opts.Inherited[sock.Name]; f != nil {
-		return f, nil
+		return unpolled(f)
 	}
+	f, err := listen(s.path, sock)
+	if err != nil {
+		return nil, err
+	}
+	return unpolled(f)
+}
+
+// unpolled returns a duplicate of f's descriptor in blocking mode, which Go does not put in
+// its poller, and closes f, which takes f out of the poller. The mode belongs to the socket:
+// a child that serves it from Go's poller sets its own (non-blocking) mode again, and agentd
+// restores that mode after each start of a child (component's procRunner).
+func unpolled(f *os.File) (*os.File, error) {
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("duplicate socket: %w", derr)
+	}
+	if err := unix.SetNonblock(nfd, false); err != nil {
+		unix.Close(nfd)
+		return nil, fmt.Errorf("blocking mode: %w", err)
+	}
+	return os.NewFile(uintptr(nfd), f.Name()), nil
+}
+
+func listen(path func(string) string, sock Socket) (*os.File, error) {
 	switch sock.Network {
 	case "unix":
-		return listenUnix(s.path(sock.Address), sock.Mode)
+		return listenUnix(path(sock.Address), sock.Mode)
 	case "tcp", "tcp4", "tcp6":
 		l, err := net.Listen(sock.Network, sock.Address)
 		if err != nil {
