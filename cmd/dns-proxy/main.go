@@ -27,10 +27,12 @@ func main() {
 }
 
 // blockingDatagramSockets puts the inherited UDP sockets (LISTEN_FDS, from fd 3) in blocking
-// mode, before they are wrapped in os.Files, and returns how many there are. agentd hands
-// them down non-blocking, and Go puts a non-blocking descriptor in its poller, which then
-// wakes an idle thread for every datagram read or written; dnsproxy reads them with
-// blocking system calls, outside the poller.
+// mode before they are wrapped in os.Files, and returns how many there are. Go puts a
+// descriptor that is non-blocking when wrapped in its poller, which then wakes an idle thread
+// for every datagram read or written; the mode belongs to the socket, and another process
+// sharing it can have left it non-blocking (a dns-proxy starting up does, for a moment, when
+// net.FilePacketConn wraps it). dnsproxy reads them with blocking system calls, outside the
+// poller.
 func blockingDatagramSockets() int {
 	n, err := strconv.Atoi(os.Getenv("LISTEN_FDS"))
 	if err != nil {

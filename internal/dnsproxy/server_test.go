@@ -473,8 +473,9 @@ func serveOn(t *testing.T, s *Server, pc net.PacketConn, l net.Listener) {
 	})
 }
 
-// TestServeNonBlockingSocket: agentd puts a socket back in non-blocking mode when it starts
-// the next process of a swap; the reader of the process still serving keeps answering.
+// TestServeNonBlockingSocket: another holder of the socket can leave it in non-blocking mode
+// (the next dns-proxy of a swap does, for a moment, as net.FilePacketConn wraps it); the
+// reader of the process still serving keeps answering.
 func TestServeNonBlockingSocket(t *testing.T) {
 	u := startUpstream(t)
 	s, err := NewServer(Config{Names: testNames, Upstreams: []string{u.addr}})
@@ -484,7 +485,7 @@ func TestServeNonBlockingSocket(t *testing.T) {
 	s.SetNameTable(testNameTable())
 	pc, l := listenPair(t)
 	addr := pc.LocalAddr().String()
-	f, err := pc.File() // another holder of the socket, as agentd
+	f, err := pc.File() // another holder of the socket
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,8 +124,9 @@ func (u *udpSocket) read(b *datagrams) (int, error) {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			// The receive timeout in blocking mode, or no datagram in non-blocking mode (agentd
-			// sets it while starting the next process of a swap): wait without spinning.
+			// The receive timeout in blocking mode, or no datagram in non-blocking mode (the
+			// next dns-proxy of a swap sets it for a moment, wrapping the socket with
+			// net.FilePacketConn before its reader starts): wait without spinning.
 			if u.stopped.Load() {
 				return 0, nil
 			}
