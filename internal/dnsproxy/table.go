@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"bytes"
 	"math"
 	"net/netip"
 	"slices"
@@ -117,14 +118,24 @@ func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 		}
 	}
 	t.addSearchCNAMEs(n.Search)
-	sections := map[string][]byte{}
+	// The address names of one entry have the same answer sections (their records' owner is a
+	// pointer to the question): keep one copy per entry and family.
+	type sectionKey struct {
+		addrs *addrs
+		fam   int
+	}
+	shared := map[sectionKey][]byte{}
 	for name, h := range t.hosts {
 		for fam, qtype := range []uint16{dns.TypeA, dns.TypeAAAA} {
-			w := packAnswer(name, qtype, h)
-			if shared, ok := sections[string(w.section)]; ok {
-				w.section = shared
+			w := packAnswer(name, qtype, h) // w.section is still a slice of the packed message
+			key := sectionKey{h.addrs, fam}
+			if prev, ok := shared[key]; ok && h.cname == "" && bytes.Equal(prev, w.section) {
+				w.section = prev
 			} else if len(w.section) > 0 {
-				sections[string(w.section)] = w.section
+				w.section = slices.Clone(w.section) // not the whole packed message
+				if h.cname == "" {
+					shared[key] = w.section
+				}
 			}
 			h.wire[fam] = w
 		}
@@ -270,7 +281,8 @@ func (h *host) answers(name string, qtype uint16) []dns.RR {
 	return out
 }
 
-// packAnswer prebuilds the wire answer section of the reply to (name, qtype).
+// packAnswer prebuilds the wire answer section of the reply to (name, qtype). The section is
+// a slice of the whole packed message: the caller copies what it keeps.
 func packAnswer(name string, qtype uint16, h *host) wireAnswer {
 	answers := h.answers(name, qtype)
 	m := &dns.Msg{Compress: true, Question: []dns.Question{{Name: name, Qtype: qtype, Qclass: dns.ClassINET}}}
@@ -288,7 +300,7 @@ func packAnswer(name string, qtype uint16, h *host) wireAnswer {
 	if len(answers) == 0 {
 		return w
 	}
-	w.section = slices.Clone(full[m.Len():]) // not the whole packed message
+	w.section = full[m.Len():]
 	// Each address record's owner compresses to a pointer: 2 + 10 + the address.
 	w.rrLen = 12 + 4
 	if qtype == dns.TypeAAAA {
