@@ -97,7 +97,6 @@ func ServerConfig(c *agentv1.DNSProxyConfig) (Config, error) {
 		ForwardTimeout:    c.GetForwardTimeout().AsDuration(),
 		ForwardParallel:   c.GetForwardParallel(),
 		RespondBeforeSync: c.GetRespondBeforeSync(),
-		ReadyWithoutTable: c.GetReadyWithoutTable(),
 	}, nil
 }
 
@@ -131,7 +130,7 @@ func inheritedSockets(env *component.Env) ([]net.PacketConn, []net.Listener, err
 func (h *Helper) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if !h.srv.cfg.RespondBeforeSync && !h.srv.cfg.ReadyWithoutTable {
+		if !h.srv.cfg.RespondBeforeSync {
 			h.waitFirstTable(ctx)
 		}
 		return h.srv.Serve(ctx, h.udp, h.tcp)

@@ -218,10 +218,10 @@ func TestServerConfig(t *testing.T) {
 			Upstreams: []string{"10.96.0.10:53", "127.0.0.1:5353", "[::1]:5354", "[fd00::53]:53"},
 		}, false},
 		{"overrides", &agentv1.DNSProxyConfig{ResolvConf: rc, PodNamespace: "ns1", ProxyDomain: "ns1.svc.corp.example", SearchDomains: []string{"corp.example"},
-			ForwardTimeout: durationpb.New(2 * time.Second), ForwardParallel: true, RespondBeforeSync: true, ReadyWithoutTable: true}, Config{
+			ForwardTimeout: durationpb.New(2 * time.Second), ForwardParallel: true, RespondBeforeSync: true}, Config{
 			Names:          Names{Namespace: "ns1", Domain: "svc.corp.example", Search: []string{"corp.example"}},
 			Upstreams:      []string{"10.96.0.10:53", "127.0.0.1:5353", "[::1]:5354", "[fd00::53]:53"},
-			ForwardTimeout: 2 * time.Second, ForwardParallel: true, RespondBeforeSync: true, ReadyWithoutTable: true,
+			ForwardTimeout: 2 * time.Second, ForwardParallel: true, RespondBeforeSync: true,
 		}, false},
 		{"missing resolv.conf", &agentv1.DNSProxyConfig{ResolvConf: filepath.Join(dir, "nope")}, Config{}, true},
 	}
@@ -234,7 +234,7 @@ func TestServerConfig(t *testing.T) {
 		if !slices.Equal(got.Upstreams, tt.want.Upstreams) || !slices.Equal(got.Names.Search, tt.want.Names.Search) ||
 			got.Names.Namespace != tt.want.Names.Namespace || got.Names.Domain != tt.want.Names.Domain ||
 			got.ForwardTimeout != tt.want.ForwardTimeout || got.ForwardParallel != tt.want.ForwardParallel ||
-			got.RespondBeforeSync != tt.want.RespondBeforeSync || got.ReadyWithoutTable != tt.want.ReadyWithoutTable {
+			got.RespondBeforeSync != tt.want.RespondBeforeSync {
 			t.Errorf("%s: ServerConfig() = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}

@@ -39,8 +39,6 @@ type Config struct {
 	ForwardParallel bool
 	// RespondBeforeSync forwards queries before the first table instead of SERVFAIL.
 	RespondBeforeSync bool
-	// ReadyWithoutTable makes Ready nil before the first table (Istio's DNS proxy is off).
-	ReadyWithoutTable bool
 	// UDPReaders is how many goroutines read each UDP socket. Default 2.
 	UDPReaders int
 	// MaxInFlight bounds the UDP queries being forwarded at once; more are dropped, and
@@ -98,9 +96,9 @@ func (s *Server) SetNameTable(nt *ndsv1.NameTable) *Table {
 	return t
 }
 
-// Ready returns ErrNoTable until the first table, unless ReadyWithoutTable.
+// Ready returns ErrNoTable until the first table, as Istio's readiness waits for it.
 func (s *Server) Ready() error {
-	if s.table.Load() == nil && !s.cfg.ReadyWithoutTable {
+	if s.table.Load() == nil {
 		return ErrNoTable
 	}
 	return nil

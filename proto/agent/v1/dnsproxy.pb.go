@@ -45,12 +45,8 @@ type DNSProxyConfig struct {
 	// Overrides the resolv.conf search list when not empty (the first entry decides the
 	// search-domain CNAME short-cut).
 	SearchDomains []string `protobuf:"bytes,7,rep,name=search_domains,json=searchDomains,proto3" json:"search_domains,omitempty"`
-	// Report ready before the first name table. agentd sets it when Istio's DNS proxy is off
-	// (neither ISTIO_META_DNS_CAPTURE nor ISTIO_META_ENABLE_DNS_SERVER is true): istiod then
-	// sends no name table, and Istio's readiness does not wait for one.
-	ReadyWithoutTable bool `protobuf:"varint,8,opt,name=ready_without_table,json=readyWithoutTable,proto3" json:"ready_without_table,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DNSProxyConfig) Reset() {
@@ -132,18 +128,11 @@ func (x *DNSProxyConfig) GetSearchDomains() []string {
 	return nil
 }
 
-func (x *DNSProxyConfig) GetReadyWithoutTable() bool {
-	if x != nil {
-		return x.ReadyWithoutTable
-	}
-	return false
-}
-
 var File_agent_v1_dnsproxy_proto protoreflect.FileDescriptor
 
 const file_agent_v1_dnsproxy_proto_rawDesc = "" +
 	"\n" +
-	"\x17agent/v1/dnsproxy.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xef\x02\n" +
+	"\x17agent/v1/dnsproxy.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xda\x02\n" +
 	"\x0eDNSProxyConfig\x12\x1f\n" +
 	"\vresolv_conf\x18\x01 \x01(\tR\n" +
 	"resolvConf\x12#\n" +
@@ -152,8 +141,7 @@ const file_agent_v1_dnsproxy_proto_rawDesc = "" +
 	"\x0fforward_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eforwardTimeout\x12)\n" +
 	"\x10forward_parallel\x18\x05 \x01(\bR\x0fforwardParallel\x12.\n" +
 	"\x13respond_before_sync\x18\x06 \x01(\bR\x11respondBeforeSync\x12%\n" +
-	"\x0esearch_domains\x18\a \x03(\tR\rsearchDomains\x12.\n" +
-	"\x13ready_without_table\x18\b \x01(\bR\x11readyWithoutTableB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x0esearch_domains\x18\a \x03(\tR\rsearchDomainsJ\x04\b\b\x10\tR\x13ready_without_tableB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_dnsproxy_proto_rawDescOnce sync.Once
