@@ -65,10 +65,10 @@ for _ in $(seq 200); do [ -s "$work/ca-root.pem" ] && break; sleep 0.05; done
 agentd_pid=
 status_port=
 helpers_dir=
-# start_agentd ROOT ARGS...: agentd run in the background; sets agentd_pid and status_port.
+# start_agentd ROOT ARGS...: agentd run in the background on status_port (pick one first with
+# status_port=$(freeport): python's start is not agentd's); sets agentd_pid.
 start_agentd() {
 	local root=$1; shift
-	status_port=$(freeport)
 	mkdir -p "$root"
 	# shellcheck disable=SC2086 # HELPERS_ENV and extra_env are lists of NAME=VALUE words
 	env CA_ADDR="$ca" CA_ROOT_CA="$work/ca-root.pem" ECC_SIGNATURE_ALGORITHM=ECDSA \
@@ -132,6 +132,8 @@ for layout in $LAYOUTS; do
 	# workload certificate from devplane's CA).
 	times=()
 	for i in $(seq "$RUNS"); do
+		status_port=$(freeport)
+		mkdir -p "$work/$layout-ready$i"
 		t0=$(now_ms)
 		start_agentd "$work/$layout-ready$i" --disable-envoy
 		wait_ready 30
@@ -150,6 +152,7 @@ for layout in $LAYOUTS; do
 	services "$work/services.yaml" "$NAMES" 10000
 	extra_env="ISTIO_META_DNS_CAPTURE=true ENVOY_STATUS_PORT=$(freeport) ENVOY_PROMETHEUS_PORT=$(freeport)"
 	extra_env+=" PROXY_CONFIG={\"controlPlaneAuthPolicy\":\"NONE\",\"proxyAdminPort\":$(freeport)}"
+	status_port=$(freeport)
 	start_agentd "$work/$layout-full" --envoy-binary "$work/bin/envoy-standin"
 	wait_ready 120
 	sleep 3
