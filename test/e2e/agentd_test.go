@@ -14,7 +14,7 @@ import (
 
 // helpers are the children of `agentd run --disable-envoy` with Istio's defaults: no
 // dns-proxy, as Istio runs no DNS proxy unless ISTIO_META_DNS_CAPTURE or
-// ISTIO_META_ENABLE_DNS_SERVER turns it on (dns_test.go).
+// ISTIO_META_ENABLE_DNS_SERVER turns it on (TestRunStatusAndStop, dns_test.go).
 var helpers = []string{"prober", "sds-server", "xds-proxy"}
 
 func childPids(t *testing.T, st control.Status) map[string]int {
@@ -26,12 +26,15 @@ func childPids(t *testing.T, st control.Status) map[string]int {
 	return pids
 }
 
-// TestRunStatusAndStop: `agentd run --disable-envoy` starts the helpers, `agentd status
-// --json` shows them running with exactly the documented fields, and SIGTERM ends every
-// process of the tree with exit status 0.
+// TestRunStatusAndStop: `agentd run --disable-envoy` with DNS capture on starts the four
+// helpers, `agentd status --json` shows them running (and, once a name table came, ready)
+// with exactly the documented fields, and SIGTERM ends every process of the tree with exit
+// status 0.
 func TestRunStatusAndStop(t *testing.T) {
-	a := startAgentd(t, nil, "--disable-envoy")
+	a := startAgentd(t, []string{"ISTIO_META_DNS_CAPTURE=true"}, "--disable-envoy")
+	(&dnsAgent{Agentd: a}).publishTable(t, meshTable("10.0.0.1")) // what dns-proxy's readiness waits for
 	a.WaitReady()
+	all := append(slices.Clone(helpers), "dns-proxy")
 
 	out, err := a.CLI("status", "--json")
 	if err != nil {
@@ -59,11 +62,11 @@ func TestRunStatusAndStop(t *testing.T) {
 		}
 		names = append(names, c["name"].(string))
 	}
-	if !raw.Ready || !slices.Equal(names, helpers) {
-		t.Errorf("status = ready %v children %v, want ready with %v", raw.Ready, names, helpers)
+	if !raw.Ready || !slices.Equal(names, all) {
+		t.Errorf("status = ready %v children %v, want ready with %v", raw.Ready, names, all)
 	}
 	table, err := a.CLI("status")
-	if err != nil || !strings.Contains(table, "xds-proxy") || !strings.Contains(table, "running") {
+	if err != nil || !strings.Contains(table, "dns-proxy") || !strings.Contains(table, "running") {
 		t.Errorf("agentd status table:\n%s (%v)", table, err)
 	}
 
