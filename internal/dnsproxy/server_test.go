@@ -126,15 +126,7 @@ func startProxy(t *testing.T, cfg Config) *testProxy {
 		t.Fatal(err)
 	}
 	pc, l := listenPair(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, []net.PacketConn{pc}, []net.Listener{l}) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve() = %v", err)
-		}
-	})
+	serveOn(t, s, pc, l)
 	return &testProxy{Server: s, addr: pc.LocalAddr().String(), reg: reg}
 }
 
