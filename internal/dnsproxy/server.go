@@ -12,14 +12,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
@@ -125,11 +123,6 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 			return err
 		}
 		socks = append(socks, u)
-	}
-	for _, l := range tcp {
-		if err := setNonblock(l); err != nil {
-			return err
-		}
 	}
 	var inflight sync.WaitGroup
 	g, gctx := errgroup.WithContext(ctx)
@@ -415,26 +408,3 @@ func shuffled(answers []dns.RR) []dns.RR {
 
 // udpReadTimeout bounds how long a blocking read waits before the reader looks for the stop.
 const udpReadTimeout = 100 * time.Millisecond
-
-// setNonblock puts an inherited socket back in non-blocking mode: the mode belongs to the
-// socket, shared with agentd and the other processes it was handed to, and starting a child
-// (os/exec takes File.Fd) turns it blocking, where an accept could wait in the kernel past
-// the stop.
-func setNonblock(c any) error {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("inherited socket: %w", err)
-	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) { serr = unix.SetNonblock(int(fd), true) }); err != nil {
-		return fmt.Errorf("inherited socket: %w", err)
-	}
-	if serr != nil {
-		return fmt.Errorf("set inherited socket non-blocking: %w", serr)
-	}
-	return nil
-}

@@ -465,16 +465,23 @@ func serveOn(t *testing.T, s *Server, pc net.PacketConn, l net.Listener) {
 	})
 }
 
-// TestServeNonBlockingSocket: another holder of the socket can leave it in non-blocking mode
-// (the next dns-proxy of a swap does, for a moment, as net.FilePacketConn wraps it); the
-// reader of the process still serving keeps answering.
-func TestServeNonBlockingSocket(t *testing.T) {
+// tableServer returns a server with the test name table, forwarding to a test upstream.
+func tableServer(t *testing.T) *Server {
+	t.Helper()
 	u := startUpstream(t)
 	s, err := NewServer(Config{Names: testNames, Upstreams: []string{u.addr}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.SetNameTable(testNameTable())
+	return s
+}
+
+// TestServeNonBlockingSocket: another holder of the socket can leave it in non-blocking mode
+// (the next dns-proxy of a swap does, for a moment, as net.FilePacketConn wraps it); the
+// reader of the process still serving keeps answering.
+func TestServeNonBlockingSocket(t *testing.T) {
+	s := tableServer(t)
 	pc, l := listenPair(t)
 	addr := pc.LocalAddr().String()
 	f, err := pc.File() // another holder of the socket
@@ -505,12 +512,7 @@ func TestServeNonBlockingSocket(t *testing.T) {
 
 // TestServeIPv6 answers on ::1, on the fast and the general path.
 func TestServeIPv6(t *testing.T) {
-	u := startUpstream(t)
-	s, err := NewServer(Config{Names: testNames, Upstreams: []string{u.addr}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetNameTable(testNameTable())
+	s := tableServer(t)
 	pc, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
 	if err != nil {
 		t.Skipf("no IPv6 loopback: %v", err)

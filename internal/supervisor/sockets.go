@@ -63,8 +63,9 @@ func (s *Supervisor) openSocket(sock Socket) (*os.File, error) {
 
 // unpolled returns a duplicate of f's descriptor in blocking mode, which Go does not put in
 // its poller, and closes f, which takes f out of the poller. The mode belongs to the socket:
-// a child that serves it from Go's poller sets its own (non-blocking) mode again, and agentd
-// restores that mode after each start of a child (component's procRunner).
+// a child that serves it from Go's poller sets it non-blocking again when it wraps it (as
+// net.FileListener does), and agentd never changes it afterwards: os/exec leaves the mode of
+// a descriptor outside the poller as it is.
 func unpolled(f *os.File) (*os.File, error) {
 	defer f.Close()
 	rc, err := f.SyscallConn()

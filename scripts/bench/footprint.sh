@@ -133,7 +133,6 @@ for layout in $LAYOUTS; do
 	times=()
 	for i in $(seq "$RUNS"); do
 		status_port=$(freeport)
-		mkdir -p "$work/$layout-ready$i"
 		t0=$(now_ms)
 		start_agentd "$work/$layout-ready$i" --disable-envoy
 		wait_ready 30
