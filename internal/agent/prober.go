@@ -23,18 +23,24 @@ const defaultStatusPort = 15020
 // to INSTANCE_IP, or localhost with REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION;
 // ISTIO_ENABLE_HTTP2_PROBING, ENABLE_PROBE_KEEPALIVE_CONNECTIONS) and the WorkloadEntry health
 // check of ProxyConfig readinessProbe. A malformed ISTIO_KUBE_APP_PROBERS stops agentd here.
+// It is nil, no process at all, when there is nothing to probe (proberConfig).
 func (a *Agent) prober() (*supervisor.Child, error) {
 	cfg, err := a.proberConfig()
-	if err != nil {
+	if cfg == nil || err != nil {
 		return nil, err
 	}
 	return a.helper("prober", cfg, supervisor.Socket{Name: prober.SocketName, Network: "unix", Address: ProbeSocket}), nil
 }
 
+// proberConfig is the prober's configuration, or nil when there is nothing to probe: no app
+// probe in ISTIO_KUBE_APP_PROBERS and no ProxyConfig readinessProbe. Istio's agent then runs no
+// prober either, and its status server answers /app-health/... with 400 (so does agentd's);
+// agentd saves the process (about 10 MB). Pod specs do not change, so neither does this.
 func (a *Agent) proberConfig() (*agentv1.ProberConfig, error) {
 	env := a.opts.getenv
 	probers := env("ISTIO_KUBE_APP_PROBERS")
-	if _, err := prober.ParseKubeProbes(probers); err != nil {
+	probes, err := prober.ParseKubeProbes(probers)
+	if err != nil {
 		return nil, fmt.Errorf("ISTIO_KUBE_APP_PROBERS: %w", err)
 	}
 	bools, err := envBools(&a.opts, map[string]bool{"REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION": false,
@@ -65,6 +71,9 @@ func (a *Agent) proberConfig() (*agentv1.ProberConfig, error) {
 		if !a.opts.DisableEnvoy { // Istio checks Envoy's readiness first, unless Envoy is off
 			cfg.AgentReadyUrl = "http://127.0.0.1:" + strconv.Itoa(statusPort) + "/healthz/ready"
 		}
+	}
+	if len(probes) == 0 && cfg.ReadinessProbe == nil {
+		return nil, nil
 	}
 	return cfg, nil
 }

@@ -14,8 +14,9 @@ func TestProberConfig(t *testing.T) {
 		env     []string
 		envoy   bool
 		wantErr string
-		check   func(t *testing.T, a *Agent)
+		wantOff bool // nothing to probe: no prober
 	}{
+		{name: "nothing to probe", env: []string{"INSTANCE_IP=10.1.2.3", `ISTIO_KUBE_APP_PROBERS={}`}, wantOff: true},
 		{name: "malformed ISTIO_KUBE_APP_PROBERS", env: []string{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":`},
 			wantErr: "ISTIO_KUBE_APP_PROBERS: failed to decode app prober"},
 		{name: "bad probe path", env: []string{`ISTIO_KUBE_APP_PROBERS={"/healthz":{"httpGet":{"port":80}}}`},
@@ -23,6 +24,10 @@ func TestProberConfig(t *testing.T) {
 		{name: "Istio's env", env: []string{
 			`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":{"httpGet":{"port":80}}}`, "INSTANCE_IP=10.1.2.3",
 			"REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true", "ISTIO_ENABLE_HTTP2_PROBING=false",
+			`PROXY_CONFIG={"readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":3}}`,
+		}, envoy: true},
+		{name: "a readinessProbe alone needs a prober", env: []string{
+			"INSTANCE_IP=10.1.2.3", "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true", "ISTIO_ENABLE_HTTP2_PROBING=false",
 			`PROXY_CONFIG={"readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":3}}`,
 		}, envoy: true},
 	}
@@ -38,6 +43,12 @@ func TestProberConfig(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if (cfg == nil) != tc.wantOff {
+				t.Fatalf("proberConfig() = %v, want a prober: %v", cfg, !tc.wantOff)
+			}
+			if tc.wantOff {
+				return
 			}
 			if cfg.GetPodIp() != "10.1.2.3" || !cfg.GetLegacyLocalhostDestination() || !cfg.GetDisableHttp2Probing() || cfg.GetStatusPort() != 15020 {
 				t.Errorf("proberConfig() = %v, want Istio's env carried over", cfg)

@@ -64,7 +64,6 @@ func (a *Agent) newStatus() (*statusRun, error) {
 	run := &statusRun{}
 	cfg := status.Config{
 		Ready:                a.Ready,
-		AppProbes:            status.NewProbeForwarder(filepath.Join(a.opts.Root, ProbeSocket), a.log.Named("status")),
 		Registry:             a.metrics,
 		Sources:              a.helperMetrics,
 		App:                  app,
@@ -72,6 +71,11 @@ func (a *Agent) newStatus() (*statusRun, error) {
 		Quit:                 func() { a.envoyDrain.Skip(); run.stop(errQuit) }, // Istio: no drain
 		NameTable:            a.nameTable,
 		Log:                  a.log.Named("status"),
+	}
+	if pcfg, err := a.proberConfig(); err != nil {
+		return nil, err
+	} else if pcfg != nil { // without a prober, /app-health/... gets Istio's 400
+		cfg.AppProbes = status.NewProbeForwarder(filepath.Join(a.opts.Root, ProbeSocket), a.log.Named("status"))
 	}
 	if !a.opts.DisableEnvoy {
 		if bools["PILOT_AGENT_MERGE_ENVOY_STATS"] {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,8 +13,8 @@ import (
 	"github.com/agentd/agentd/internal/control"
 )
 
-// helpers are the children of `agentd run --disable-envoy` with Istio's defaults: no
-// dns-proxy, as Istio runs no DNS proxy unless ISTIO_META_DNS_CAPTURE or
+// helpers are the children of `agentd run --disable-envoy` with Istio's defaults and a pod's
+// probe (podEnv): no dns-proxy, as Istio runs no DNS proxy unless ISTIO_META_DNS_CAPTURE or
 // ISTIO_META_ENABLE_DNS_SERVER turns it on (TestRunStatusAndStop, dns_test.go).
 var helpers = []string{"prober", "sds-server", "xds-proxy"}
 
@@ -83,6 +84,28 @@ func TestRunStatusAndStop(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(a.Root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
 		t.Errorf("the XDS socket file is left after a clean stop (%v)", err)
+	}
+}
+
+// TestNoProberWithoutProbes: with nothing to probe (no ISTIO_KUBE_APP_PROBERS, no
+// readinessProbe) no prober runs, the tree is ready without it, and the status port answers a
+// probe path as Istio's agent does for a path it has no prober for.
+func TestNoProberWithoutProbes(t *testing.T) {
+	port := freePort(t)
+	a := startAgentd(t, []string{"ISTIO_KUBE_APP_PROBERS="}, "--disable-envoy", "--status-port", strconv.Itoa(port))
+	var names []string
+	for _, c := range a.WaitReady().Children {
+		names = append(names, c.Name)
+	}
+	if want := []string{"sds-server", "xds-proxy"}; !slices.Equal(names, want) {
+		t.Errorf("children = %v, want %v", names, want)
+	}
+	code, body := statusGet(port, "/app-health/app/livez")
+	if want := "app prober config does not exists for /app-health/app/livez"; code != 400 || body != want {
+		t.Errorf("GET /app-health/app/livez = %d %q, want 400 %q", code, body, want)
+	}
+	if out, err := a.CLI("restart", "prober"); err == nil {
+		t.Errorf("agentd restart prober succeeded without a prober:\n%s", out)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -58,6 +59,10 @@ func TestMain(m *testing.M) {
 // caEnv points agentd's sds-server at the in-process test CA (CA_ADDR, CA_ROOT_CA).
 var caEnv []string
 
+// podEnv is what a pod with a liveness probe gives its istio-proxy container: the rewritten
+// probe, which the prober serves (without one there is no prober: TestNoProberWithoutProbes).
+var podEnv = []string{`ISTIO_KUBE_APP_PROBERS={"/app-health/app/livez":{"httpGet":{"path":"/healthz","port":8080}}}`}
+
 // startTestCA serves a CA (Istio's CA API over TLS) on a loopback port for the whole run.
 func startTestCA(dir string) (stop func(), err error) {
 	root := filepath.Join(dir, "test-ca-root.pem")
@@ -99,7 +104,7 @@ func startAgentd(t *testing.T, env []string, args ...string) *Agentd {
 	full := append([]string{"run", "--root", root, "--helpers-dir", binDir, "--dns-address", "127.0.0.1:0",
 		"--status-port", strconv.Itoa(freePort(t))}, args...) // a later --status-port wins
 	a.cmd = exec.Command(bin("agentd"), full...)
-	a.cmd.Env = append(append(os.Environ(), caEnv...), env...) // the test's env wins
+	a.cmd.Env = slices.Concat(os.Environ(), caEnv, podEnv, env) // the test's env wins
 	a.cmd.Stdout, a.cmd.Stderr = a.Log, a.Log
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := a.cmd.Start(); err != nil {
