@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -117,6 +119,8 @@ type goldenCase struct {
 	ips        []string
 	exitOnZero bool
 	delta      bool
+	dualStack  bool
+	modify     func(*Config) // settings the environment above does not reach
 }
 
 var goldenCases = []goldenCase{
@@ -124,7 +128,72 @@ var goldenCases = []goldenCase{
 		ips: []string{"10.244.1.17"}, delta: true, exitOnZero: true},
 	{name: "router", typ: Router, env: routerEnv, mesh: routerMesh, ips: []string{"10.244.2.5", "fd00::5"}, delta: true},
 	{name: "vm", typ: Sidecar, env: vmEnv, proxyEnv: vmProxyConfig, ips: []string{"fd00:10::5"}, delta: false},
+	// Datadog tracing, metadata discovery, ports and sockets of agentd's own choosing, the
+	// Prometheus listener on localhost only, and a connection limit from the ProxyConfig.
+	{name: "datadog", typ: Sidecar, env: sidecarEnv, labels: sidecarLabels, ips: []string{"10.244.1.17"}, delta: true,
+		proxyEnv: datadogProxyConfig, modify: func(c *Config) {
+			c.MetadataDiscovery = true
+			c.EnvoyStatusPort, c.EnvoyPrometheusPort = 16021, 16090
+			c.SDSSocket = "/run/agentd/sds.sock"
+			c.StsPort, c.XDSRootCA, c.DNSProxyAddr = 15463, "/etc/certs/root-cert.pem", "127.0.0.1:15053"
+		}},
+	// Metrics and access log services (keepalive, metrics sink), compression off by the
+	// ProxyConfig, the limit from proxyMetadata, the outlier log.
+	{name: "remote", typ: Router, env: routerEnv, proxyEnv: remoteProxyConfig, ips: []string{"10.244.2.5"}, delta: false,
+		modify: func(c *Config) { c.OutlierLogPath = "/var/log/outlier.log" }},
+	// The stats matcher of the ProxyConfig, overridden in part by annotations, extra tags from
+	// both, the flush and eviction intervals, and compression off by annotation.
+	{name: "stats", typ: Sidecar, env: sidecarEnv, proxyEnv: statsProxyConfig, annos: statsAnnotations,
+		ips: []string{"10.244.1.17", "10.244.1.18"}, delta: true},
+	// Dual stack, IPv4 first and IPv6 first: both wildcards, ALL lookups for the DNS clusters.
+	{name: "dualstack4", typ: Router, env: routerEnv, mesh: routerMesh, ips: []string{"10.244.2.5", "fd00::5"}, delta: true, dualStack: true},
+	{name: "dualstack6", typ: Sidecar, env: vmEnv, proxyEnv: datadogProxyConfig, ips: []string{"fd00:10::5", "10.0.0.5"}, dualStack: true},
 }
+
+const datadogProxyConfig = `
+tracing:
+  datadog:
+    address: datadog-agent.monitoring:8126
+proxyMetadata:
+  METRICS_LOCALHOST_ACCESS_ONLY: "true"
+connectionSettings:
+  globalDownstreamConnectionLimit: 5000
+runtimeValues:
+  overload.global_downstream_max_connections: "100"
+  envoy.reloadable_features.http_reject_path_with_fragment: ""
+  envoy.custom: "42"
+`
+
+const remoteProxyConfig = `
+envoyMetricsService:
+  address: metrics.monitoring:9000
+  tcpKeepalive:
+    probes: 3
+    time: 60s
+    interval: 10s
+envoyAccessLogService:
+  address: als.monitoring:9001
+statsCompression: false
+proxyMetadata:
+  ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS: "20000"
+statsdUdpAddress: "[fd00::20]:8125"
+`
+
+const statsProxyConfig = `
+proxyStatsMatcher:
+  inclusionPrefixes: ["upstream_cx", "http.{pod_ip}_8080"]
+  inclusionSuffixes: ["rq_total"]
+  inclusionRegexps: ["listener\\..*\\.downstream_cx_total"]
+extraStatTags: ["source_version"]
+`
+
+const statsAnnotations = `sidecar.istio.io/statsInclusionSuffixes="upstream_rq_time,{pod_ip}_suffix"
+sidecar.istio.io/statsInclusionRegexps="cluster\\..*\\.upstream_rq"
+sidecar.istio.io/extraStatTags="request_protocol, source_version"
+sidecar.istio.io/statsFlushInterval="2s"
+sidecar.istio.io/statsEvictionInterval="30s"
+sidecar.istio.io/statsCompression="false"
+sidecar.istio.io/statsHistogramBuckets="{\"cluster\":[0.5,1,5],\"istiocustom\":[1,10]}"`
 
 func (g goldenCase) config(t *testing.T) *Config {
 	t.Helper()
@@ -144,7 +213,7 @@ func (g goldenCase) config(t *testing.T) *Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Config{
+	c := &Config{
 		Type:                        g.typ,
 		PodName:                     env(g.env, "POD_NAME"),
 		PodNamespace:                env(g.env, "POD_NAMESPACE"),
@@ -158,22 +227,23 @@ func (g goldenCase) config(t *testing.T) *Config {
 		DeltaXDS:                    g.delta,
 		ExitOnZeroActiveConnections: g.exitOnZero,
 		PilotSAN:                    []string{"istiod.istio-system.svc"},
+		DualStack:                   g.dualStack,
 	}
+	if g.modify != nil {
+		g.modify(c)
+	}
+	return c
 }
 
+// TestBootstrapGolden: the bootstrap of every test configuration is, as a message, the one
+// in testdata/bootstrap/<name>.json (written by the typed generator agentd had before it
+// built the JSON itself), and it decodes strictly and passes full validation.
 func TestBootstrapGolden(t *testing.T) {
 	for _, g := range goldenCases {
 		t.Run(g.name, func(t *testing.T) {
 			c := g.config(t)
-			path := filepath.Join(t.TempDir(), BootstrapFile)
-			if err := WriteBootstrap(c, path); err != nil {
-				t.Fatalf("WriteBootstrap: %v", err)
-			}
-			got, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			golden := filepath.Join("testdata", g.name+".golden.json")
+			got := writeBootstrap(t, c)
+			golden := filepath.Join("testdata", "bootstrap", g.name+".json")
 			if *update {
 				if err := os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
@@ -183,13 +253,18 @@ func TestBootstrapGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v (run with -update to create it)", err)
 			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, firstDiff(got, want))
-			}
-			// What Envoy reads is what passes full validation, Any payloads included.
+			// What Envoy reads is what decodes strictly and passes full validation, Any
+			// payloads included.
 			b, err := ParseBootstrap(got)
 			if err != nil {
-				t.Fatalf("ParseBootstrap(golden) = %v", err)
+				t.Fatalf("ParseBootstrap(generated) = %v", err)
+			}
+			wb := &bootstrapv3.Bootstrap{}
+			if err := protojson.Unmarshal(want, wb); err != nil {
+				t.Fatalf("decode %s: %v", golden, err)
+			}
+			if !proto.Equal(b, wb) {
+				t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, messageDiff(t, b, wb))
 			}
 			if b.GetNode().GetId() != c.NodeID() {
 				t.Errorf("node id = %q, want %q", b.GetNode().GetId(), c.NodeID())
@@ -198,21 +273,35 @@ func TestBootstrapGolden(t *testing.T) {
 	}
 }
 
-func firstDiff(got, want []byte) string {
-	g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-	for i := 0; i < len(g) || i < len(w); i++ {
-		var gl, wl string
-		if i < len(g) {
-			gl = g[i]
-		}
-		if i < len(w) {
-			wl = w[i]
-		}
-		if gl != wl {
-			return "line " + strconv.Itoa(i+1) + ":\n got: " + gl + "\nwant: " + wl
-		}
+// writeBootstrap is what WriteBootstrap writes for c.
+func writeBootstrap(t *testing.T, c *Config) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), BootstrapFile)
+	if err := WriteBootstrap(c, path); err != nil {
+		t.Fatalf("WriteBootstrap: %v", err)
 	}
-	return ""
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// messageDiff is the first differing line of two messages in one canonical JSON layout.
+func messageDiff(t *testing.T, got, want proto.Message) string {
+	t.Helper()
+	canonical := func(m proto.Message) []byte {
+		raw, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, raw, "", "  "); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	return firstDiff(canonical(got), canonical(want))
 }
 
 func TestValidateEntersAnyPayloads(t *testing.T) {
@@ -367,4 +456,21 @@ func TestBrokenInputFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+func firstDiff(got, want []byte) string {
+	g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+	for i := 0; i < len(g) || i < len(w); i++ {
+		var gl, wl string
+		if i < len(g) {
+			gl = g[i]
+		}
+		if i < len(w) {
+			wl = w[i]
+		}
+		if gl != wl {
+			return "line " + strconv.Itoa(i+1) + ":\n got: " + gl + "\nwant: " + wl
+		}
+	}
+	return ""
 }
