@@ -253,7 +253,7 @@ func TestProxySidecarCommand(t *testing.T) {
 	cmd := exec.Command(pilotAgent, "proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local",
 		"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info")
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), podEnv...),
 		"CA_ADDR="+caAddr, "CA_ROOT_CA="+rootFile, "ECC_SIGNATURE_ALGORITHM=ECDSA",
 		"POD_NAME=app-1", "POD_NAMESPACE=ns", "SERVICE_ACCOUNT=sa", "INSTANCE_IP=127.0.0.1", "DNS_PROXY_ADDR=127.0.0.1:0",
 		fmt.Sprintf(`PROXY_CONFIG={"binaryPath":%q,"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","proxyAdminPort":%d,"statusPort":%d}`,
