@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Measures what agentd's process tree costs: the memory of every process (RSS and PSS from
 # /proc/<pid>/smaps_rollup, PSS splitting pages shared between processes) and the sums, idle
-# and with a NAMES-name table and NAMES endpoints flowing from devplane (a generated services
+# (Istio's defaults: no app probe, no DNS capture; then again with an app probe, which starts
+# the prober) and with a NAMES-name table and NAMES endpoints flowing from devplane (a generated services
 # file, rewritten PUSHES times so that every endpoint moves), and the start-to-ready time
 # without Envoy (agentd exec to /healthz/ready answering 200, median of RUNS). Each for the
 # two layouts of the helpers directory: "separate" (one binary per helper) and "links" (links
 # to agentd, which serves a helper by the name it runs as: one executable file for the tree).
+# Binaries are built as the image builds them (static, stripped).
 # Istio's pilot-agent, one process doing all of it, on this kind of machine: about 37 MB RSS
 # idle, 53 MB with a 10 000-name table, ready in 120-150 ms.
 #
@@ -35,7 +37,8 @@ freeport() {
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 echo "building agentd, the helpers, devplane and the Envoy stand-in..." >&2
-go build -o "$work/bin/" ./cmd/agentd ./cmd/xds-proxy ./cmd/sds-server ./cmd/dns-proxy ./cmd/prober ./cmd/devplane ./test/envoy-standin
+# As the image builds them (deploy/docker/Dockerfile, make build): static, no cgo.
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -tags urfave_cli_no_docs -o "$work/bin/" ./cmd/agentd ./cmd/xds-proxy ./cmd/sds-server ./cmd/dns-proxy ./cmd/prober ./cmd/devplane ./test/envoy-standin
 mkdir "$work/links"
 for h in xds-proxy sds-server dns-proxy prober; do ln -s "$work/bin/agentd" "$work/links/$h"; done
 
@@ -143,6 +146,15 @@ for layout in $LAYOUTS; do
 	echo "start to ready without Envoy ($layout): median $(printf "%s\n" "${times[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') ms of $RUNS runs ($sorted ms)"
 	sleep 3
 	memory "idle, without Envoy ($layout)"
+	stop_agentd
+
+	# 1b. The same with an app probe (a pod with a liveness probe): the prober runs.
+	extra_env='ISTIO_KUBE_APP_PROBERS={"/app-health/app/livez":{"httpGet":{"path":"/healthz","port":8080}}}'
+	status_port=$(freeport)
+	start_agentd "$work/$layout-probe" --disable-envoy
+	wait_ready 30
+	sleep 3
+	memory "idle with an app probe, without Envoy ($layout)"
 	stop_agentd
 
 	# 2. A NAMES-name table and NAMES endpoints: the Envoy stand-in subscribes to every cluster's
