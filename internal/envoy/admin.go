@@ -3,6 +3,7 @@ package envoy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -11,9 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // Admin is a client of Envoy's admin API.
@@ -96,14 +94,40 @@ func (a *Admin) Quit(ctx context.Context) error {
 	return err
 }
 
+// ServerInfo is the part of Envoy's /server_info that agentd reads. It is decoded with
+// encoding/json rather than into go-control-plane's admin types, which agentd does not link.
+type ServerInfo struct {
+	Version            string             `json:"version"`
+	State              string             `json:"state"` // LIVE, DRAINING, PRE_INITIALIZING, INITIALIZING
+	Node               ServerNode         `json:"node"`
+	CommandLineOptions CommandLineOptions `json:"command_line_options"`
+}
+
+// ServerNode is the node Envoy runs as: the bootstrap's.
+type ServerNode struct {
+	ID      string `json:"id"`
+	Cluster string `json:"cluster"`
+}
+
+// CommandLineOptions are the options Envoy was started with.
+type CommandLineOptions struct {
+	DrainStrategy string `json:"drain_strategy"` // "Immediate", or "" for Gradual, the default
+}
+
+// GetNode is the node; it and GetId keep the names of the protobuf getters callers use.
+func (s *ServerInfo) GetNode() *ServerNode { return &s.Node }
+
+// GetId is the node id.
+func (n *ServerNode) GetId() string { return n.ID }
+
 // ServerInfo is GET /server_info.
-func (a *Admin) ServerInfo(ctx context.Context) (*adminv3.ServerInfo, error) {
+func (a *Admin) ServerInfo(ctx context.Context) (*ServerInfo, error) {
 	body, err := a.do(ctx, http.MethodGet, "/server_info", http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
-	info := &adminv3.ServerInfo{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, info); err != nil {
+	info := &ServerInfo{}
+	if err := json.Unmarshal(body, info); err != nil {
 		return nil, fmt.Errorf("decode /server_info: %w", err)
 	}
 	return info, nil

@@ -10,38 +10,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
-	udpav1 "github.com/cncf/xds/go/udpa/type/v1"
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
-	overloadv3 "github.com/envoyproxy/go-control-plane/envoy/config/overload/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	tracev3 "github.com/envoyproxy/go-control-plane/envoy/config/trace/v3"
-	filev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
-	internallistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/bootstrap/internal_listener/v3"
-	brotliv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/brotli/compressor/v3"
-	gzipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/gzip/compressor/v3"
-	zstdv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/zstd/compressor/v3"
-	compressorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/compressor/v3"
-	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	downstreamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	"istio.io/api/annotation"
 	meshv1 "istio.io/api/mesh/v1alpha1"
 )
@@ -56,42 +31,37 @@ var (
 	requiredStatsRegexps  = []string{`vhost\..*\.route\..*`}
 )
 
-// Bootstrap generates Envoy's bootstrap from c, as Istio's template does, and validates it.
-func Bootstrap(c *Config) (*bootstrapv3.Bootstrap, error) {
+// Bootstrap generates Envoy's bootstrap from c, as Istio's template does, as indented JSON.
+//
+// The bootstrap is written as JSON directly, not through go-control-plane's Go types: those
+// would link Envoy's whole config API into agentd's one executable, and every process of the
+// tree would map it and register its descriptors at start. Input Envoy would reject is
+// rejected here by explicit checks (Config.Check and the builders below); tests decode every
+// configuration's output strictly and validate it with the types (package configcheck).
+func Bootstrap(c *Config) ([]byte, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
-	b, err := buildBootstrap(c)
+	doc, err := buildBootstrap(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := Validate(b); err != nil {
-		return nil, fmt.Errorf("generated bootstrap is invalid: %w", err)
-	}
-	return b, nil
-}
-
-// MarshalBootstrap encodes b as indented JSON with a stable layout.
-func MarshalBootstrap(b *bootstrapv3.Bootstrap) ([]byte, error) {
-	raw, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
-	if err != nil {
-		return nil, fmt.Errorf("encode bootstrap: %w", err)
+	if err := checkUTF8(doc, "bootstrap"); err != nil {
+		return nil, err
 	}
 	var buf bytes.Buffer
-	if err := json.Indent(&buf, raw, "", "  "); err != nil {
-		return nil, fmt.Errorf("indent bootstrap: %w", err)
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // regular expressions stay readable
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("encode bootstrap: %w", err)
 	}
-	buf.WriteByte('\n')
 	return buf.Bytes(), nil
 }
 
-// WriteBootstrap generates, validates and writes the bootstrap to path (atomically, 0644).
+// WriteBootstrap generates the bootstrap and writes it to path (atomically, 0644).
 func WriteBootstrap(c *Config, path string) error {
-	b, err := Bootstrap(c)
-	if err != nil {
-		return err
-	}
-	data, err := MarshalBootstrap(b)
+	data, err := Bootstrap(c)
 	if err != nil {
 		return err
 	}
@@ -108,15 +78,86 @@ func WriteBootstrap(c *Config, path string) error {
 	return nil
 }
 
+// object is one JSON object of the bootstrap in protojson's form, which Envoy reads: proto
+// field names, enums by name, 64-bit integers as strings, durations as "1.500s", wrappers as
+// bare values, an Any as its message's fields beside "@type".
+type object = map[string]any
+
+// typed is an Any holding a message of the named type (its full protobuf name).
+func typed(typeName string, fields object) object {
+	a := object{"@type": "type.googleapis.com/" + typeName}
+	for k, v := range fields {
+		a[k] = v
+	}
+	return a
+}
+
+// extension is Envoy's shape for a named, typed plug-in: filters, sinks, tracers, loggers,
+// resource monitors, bootstrap extensions.
+func extension(name, typeName string, fields object) object {
+	return object{"name": name, "typed_config": typed(typeName, fields)}
+}
+
+// duration is d as protojson writes a google.protobuf.Duration: seconds with no, 3, 6 or 9
+// decimals.
+func duration(d time.Duration) string {
+	sign := ""
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	s := strconv.FormatInt(int64(d/time.Second), 10)
+	if ns := d % time.Second; ns != 0 {
+		frac := fmt.Sprintf("%09d", int64(ns))
+		for strings.HasSuffix(frac, "000") {
+			frac = frac[:len(frac)-3]
+		}
+		s += "." + frac
+	}
+	return sign + s + "s"
+}
+
+// checkUTF8 rejects a string that is not UTF-8, which protobuf forbids and encoding/json
+// would silently replace.
+func checkUTF8(v any, path string) error {
+	switch x := v.(type) {
+	case string:
+		if !utf8.ValidString(x) {
+			return fmt.Errorf("%s: %q is not valid UTF-8", path, x)
+		}
+	case object:
+		for k, e := range x {
+			if err := checkUTF8(k, path); err != nil {
+				return err
+			}
+			if err := checkUTF8(e, path+"."+k); err != nil {
+				return err
+			}
+		}
+	case []object:
+		for i, e := range x {
+			if err := checkUTF8(e, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case []string:
+		for i, e := range x {
+			if err := checkUTF8(e, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // ipFamily is how the proxy's addresses look: which localhost and wildcard Envoy binds.
 type ipFamily struct {
 	localhost, wildcard, additionalWildcard string
-	dnsLookup                               clusterv3.Cluster_DnsLookupFamily
+	dnsLookup                               string // a cluster's dns_lookup_family
 }
 
 func familyOf(ips []string, dualStack bool) ipFamily {
-	v4 := ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", dnsLookup: clusterv3.Cluster_V4_ONLY}
-	v6 := ipFamily{localhost: "::1", wildcard: "::", dnsLookup: clusterv3.Cluster_V6_ONLY}
+	v4 := ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", dnsLookup: "V4_ONLY"}
+	v6 := ipFamily{localhost: "::1", wildcard: "::", dnsLookup: "V6_ONLY"}
 	n4, n6 := 0, 0
 	for _, s := range ips {
 		if a, err := netip.ParseAddr(s); err == nil && a.Unmap().Is4() {
@@ -135,57 +176,52 @@ func familyOf(ips []string, dualStack bool) ipFamily {
 	}
 	first, _ := netip.ParseAddr(ips[0])
 	if first.Unmap().Is4() {
-		v4.additionalWildcard, v4.dnsLookup = "::", clusterv3.Cluster_ALL
+		v4.additionalWildcard, v4.dnsLookup = "::", "ALL"
 		return v4
 	}
-	v6.additionalWildcard, v6.dnsLookup = "0.0.0.0", clusterv3.Cluster_ALL
+	v6.additionalWildcard, v6.dnsLookup = "0.0.0.0", "ALL"
 	return v6
 }
 
-func buildBootstrap(c *Config) (*bootstrapv3.Bootstrap, error) {
+func buildBootstrap(c *Config) (object, error) {
 	pc := c.ProxyConfig
 	node, err := c.Node()
 	if err != nil {
 		return nil, err
+	}
+	// The node stays a typed message (core/v3, which agentd links for xDS anyway).
+	nodeJSON, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(node)
+	if err != nil {
+		return nil, fmt.Errorf("encode node: %w", err)
 	}
 	fam := familyOf(c.IPs, c.DualStack)
 	stats, err := statsConfig(c)
 	if err != nil {
 		return nil, err
 	}
-	runtime, err := structpb.NewStruct(runtimeFlags(pc))
-	if err != nil {
-		return nil, fmt.Errorf("runtime values: %w", err)
-	}
 	maxConns, err := globalDownstreamMaxConnections(pc)
 	if err != nil {
 		return nil, err
 	}
-	b := &bootstrapv3.Bootstrap{
-		Node: node,
-		LayeredRuntime: &bootstrapv3.LayeredRuntime{Layers: []*bootstrapv3.RuntimeLayer{
-			{Name: "global config", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: runtime}},
-			{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}},
+	b := object{
+		"node": json.RawMessage(nodeJSON),
+		"layered_runtime": object{"layers": []object{
+			{"name": "global config", "static_layer": runtimeFlags(pc)},
+			{"name": "admin", "admin_layer": object{}},
 		}},
-		BootstrapExtensions: bootstrapExtensions(c),
-		StatsConfig:         stats,
-		Admin: &bootstrapv3.Admin{
-			AccessLog: []*accesslogv3.AccessLog{{
-				Name:       "envoy.access_loggers.file",
-				ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: mustAny(&filev3.FileAccessLog{Path: "/dev/null"})},
-			}},
-			ProfilePath: "/var/lib/istio/data/envoy.prof",
-			Address:     socketAddress(fam.localhost, int(pc.ProxyAdminPort)),
+		"bootstrap_extensions": bootstrapExtensions(c),
+		"stats_config":         stats,
+		"admin": object{
+			"access_log": []object{extension("envoy.access_loggers.file",
+				"envoy.extensions.access_loggers.file.v3.FileAccessLog", object{"path": "/dev/null"})},
+			"profile_path": "/var/lib/istio/data/envoy.prof",
+			"address":      socketAddress("TCP", fam.localhost, int(pc.ProxyAdminPort)),
 		},
-		DynamicResources: dynamicResources(c),
-		StaticResources:  &bootstrapv3.Bootstrap_StaticResources{},
-		OverloadManager: &overloadv3.OverloadManager{
-			ResourceMonitors: []*overloadv3.ResourceMonitor{{
-				Name: "envoy.resource_monitors.global_downstream_max_connections",
-				ConfigType: &overloadv3.ResourceMonitor_TypedConfig{TypedConfig: mustAny(
-					&downstreamv3.DownstreamConnectionsConfig{MaxActiveDownstreamConnections: maxConns})},
-			}},
-		},
+		"dynamic_resources": dynamicResources(c),
+		"overload_manager": object{"resource_monitors": []object{extension(
+			"envoy.resource_monitors.global_downstream_max_connections",
+			"envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+			object{"max_active_downstream_connections": strconv.FormatInt(maxConns, 10)})}},
 	}
 	if err := statsTiming(b, c.Annotations); err != nil {
 		return nil, err
@@ -194,145 +230,132 @@ func buildBootstrap(c *Config) (*bootstrapv3.Bootstrap, error) {
 	if sds == "" {
 		sds = DefaultSDSSocket
 	}
-	sr := b.StaticResources
-	sr.Clusters = []*clusterv3.Cluster{
-		staticCluster("prometheus_stats", 250*time.Millisecond, socketAddress(fam.localhost, int(pc.ProxyAdminPort))),
-		staticCluster("agent", 250*time.Millisecond, socketAddress(fam.localhost, int(pc.StatusPort))),
+	clusters := []object{
+		staticCluster("prometheus_stats", 250*time.Millisecond, socketAddress("TCP", fam.localhost, int(pc.ProxyAdminPort))),
+		staticCluster("agent", 250*time.Millisecond, socketAddress("TCP", fam.localhost, int(pc.StatusPort))),
 		grpcCluster(staticCluster("sds-grpc", time.Second, pipeAddress(sds))),
 		xdsCluster(pc),
 	}
-	extra, tracing, err := tracingConfig(pc, fam, node.Cluster)
+	tracer, tracing, err := tracingConfig(pc, fam, node.Cluster)
 	if err != nil {
 		return nil, err
 	}
-	sr.Clusters = append(sr.Clusters, extra...)
-	b.Tracing = tracing
-	if err := remoteServices(b, pc, fam); err != nil {
+	if tracer != nil {
+		clusters = append(clusters, tracer)
+		b["tracing"] = tracing
+	}
+	remote, sinks, err := remoteServices(pc, fam)
+	if err != nil {
 		return nil, err
+	}
+	clusters = append(clusters, remote...)
+	if len(sinks) > 0 {
+		b["stats_sinks"] = sinks
 	}
 	promAddr := fam.wildcard
 	if pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true" {
 		promAddr = fam.localhost
 	}
-	sr.Listeners = []*listenerv3.Listener{
-		httpListener(promAddr, fam.additionalWildcard, c.prometheusPort(), "stats", "/stats/prometheus", "prometheus_stats", statsCompression(pc, c.Annotations)),
-		httpListener(fam.wildcard, fam.additionalWildcard, c.statusPort(), "agent", "/healthz/ready", "agent", false),
+	b["static_resources"] = object{
+		"clusters": clusters,
+		"listeners": []object{
+			httpListener(promAddr, fam.additionalWildcard, c.prometheusPort(), "stats", "/stats/prometheus", "prometheus_stats", statsCompression(pc, c.Annotations)),
+			httpListener(fam.wildcard, fam.additionalWildcard, c.statusPort(), "agent", "/healthz/ready", "agent", false),
+		},
 	}
 	if c.OutlierLogPath != "" {
-		b.ClusterManager = &bootstrapv3.ClusterManager{OutlierDetection: &bootstrapv3.ClusterManager_OutlierDetection{EventLogPath: c.OutlierLogPath}}
+		b["cluster_manager"] = object{"outlier_detection": object{"event_log_path": c.OutlierLogPath}}
 	}
 	return b, nil
 }
 
-func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
-		panic(err) // only on a message that cannot be marshalled, which these are not
-	}
-	return a
+// socketAddress is a core/v3 Address of protocol "TCP" or "UDP".
+func socketAddress(protocol, host string, port int) object {
+	return object{"socket_address": object{"protocol": protocol, "address": host, "port_value": port}}
 }
 
-func socketAddress(host string, port int) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Protocol:      corev3.SocketAddress_TCP,
-		Address:       host,
-		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
-	}}}
+func pipeAddress(path string) object {
+	return object{"pipe": object{"path": path}}
 }
 
-func pipeAddress(path string) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: path}}}
-}
-
-func staticCluster(name string, timeout time.Duration, addr *corev3.Address) *clusterv3.Cluster {
-	return &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		ConnectTimeout:       durationpb.New(timeout),
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		LoadAssignment:       loadAssignment(name, addr),
+func staticCluster(name string, timeout time.Duration, addr object) object {
+	return object{
+		"name":            name,
+		"type":            "STATIC",
+		"connect_timeout": duration(timeout),
+		"lb_policy":       "ROUND_ROBIN",
+		"load_assignment": loadAssignment(name, addr),
 	}
 }
 
-func loadAssignment(name string, addr *corev3.Address) *endpointv3.ClusterLoadAssignment {
-	return &endpointv3.ClusterLoadAssignment{
-		ClusterName: name,
-		Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}},
-		}}}},
+func loadAssignment(name string, addr object) object {
+	return object{
+		"cluster_name": name,
+		"endpoints":    []object{{"lb_endpoints": []object{{"endpoint": object{"address": addr}}}}},
 	}
 }
 
 // grpcCluster makes c speak HTTP/2, as gRPC needs.
-func grpcCluster(c *clusterv3.Cluster) *clusterv3.Cluster {
-	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
-		"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpv3.HttpProtocolOptions{
-			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
-			}},
-		}),
+func grpcCluster(c object) object {
+	const options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	c["typed_extension_protocol_options"] = object{
+		options: typed(options, object{"explicit_http_config": object{"http2_protocol_options": object{}}}),
 	}
 	return c
 }
 
-func xdsCluster(pc *meshv1.ProxyConfig) *clusterv3.Cluster {
+// envoyGrpc is a core/v3 GrpcService through Envoy's own client to cluster.
+func envoyGrpc(cluster string) object {
+	return object{"envoy_grpc": object{"cluster_name": cluster}}
+}
+
+func xdsCluster(pc *meshv1.ProxyConfig) object {
 	c := grpcCluster(staticCluster("xds-grpc", time.Second, pipeAddress(strings.TrimSuffix(pc.ConfigPath, "/")+"/XDS")))
-	limits := func(p corev3.RoutingPriority) *clusterv3.CircuitBreakers_Thresholds {
-		return &clusterv3.CircuitBreakers_Thresholds{
-			Priority:           p,
-			MaxConnections:     wrapperspb.UInt32(100000),
-			MaxPendingRequests: wrapperspb.UInt32(100000),
-			MaxRequests:        wrapperspb.UInt32(100000),
+	limits := func(priority string) object {
+		return object{
+			"priority":             priority,
+			"max_connections":      100000,
+			"max_pending_requests": 100000,
+			"max_requests":         100000,
 		}
 	}
-	c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{
-		limits(corev3.RoutingPriority_DEFAULT), limits(corev3.RoutingPriority_HIGH),
-	}}
-	c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: &corev3.TcpKeepalive{KeepaliveTime: wrapperspb.UInt32(300)}}
-	c.MaxRequestsPerConnection = wrapperspb.UInt32(1)
+	c["circuit_breakers"] = object{"thresholds": []object{limits("DEFAULT"), limits("HIGH")}}
+	c["upstream_connection_options"] = object{"tcp_keepalive": object{"keepalive_time": 300}}
+	c["max_requests_per_connection"] = 1
 	return c
 }
 
-func dynamicResources(c *Config) *bootstrapv3.Bootstrap_DynamicResources {
-	ads := func() *corev3.ConfigSource {
-		return &corev3.ConfigSource{
-			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
-			InitialFetchTimeout:   durationpb.New(0),
-			ResourceApiVersion:    corev3.ApiVersion_V3,
-		}
+func dynamicResources(c *Config) object {
+	ads := func() object {
+		return object{"ads": object{}, "initial_fetch_timeout": duration(0), "resource_api_version": "V3"}
 	}
-	api := corev3.ApiConfigSource_GRPC
+	api := "GRPC"
 	if c.DeltaXDS {
-		api = corev3.ApiConfigSource_DELTA_GRPC
+		api = "DELTA_GRPC"
 	}
-	return &bootstrapv3.Bootstrap_DynamicResources{
-		LdsConfig: ads(),
-		CdsConfig: ads(),
-		AdsConfig: &corev3.ApiConfigSource{
-			ApiType:                   api,
-			SetNodeOnFirstMessageOnly: true,
-			TransportApiVersion:       corev3.ApiVersion_V3,
-			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "xds-grpc"},
-			}}},
+	return object{
+		"lds_config": ads(),
+		"cds_config": ads(),
+		"ads_config": object{
+			"api_type":                       api,
+			"set_node_on_first_message_only": true,
+			"transport_api_version":          "V3",
+			"grpc_services":                  []object{envoyGrpc("xds-grpc")},
 		},
 	}
 }
 
-func bootstrapExtensions(c *Config) []*corev3.TypedExtensionConfig {
-	var ext []*corev3.TypedExtensionConfig
+func bootstrapExtensions(c *Config) []object {
+	var ext []object
 	if c.MetadataDiscovery {
 		// Istio's proxy extension; its type is not part of Envoy's API, hence a TypedStruct.
-		value, _ := structpb.NewStruct(map[string]any{"config_source": map[string]any{"ads": map[string]any{}}})
-		ext = append(ext, &corev3.TypedExtensionConfig{
-			Name:        "metadata_discovery",
-			TypedConfig: mustAny(&udpav1.TypedStruct{TypeUrl: "type.googleapis.com/istio.workload.BootstrapExtension", Value: value}),
-		})
+		ext = append(ext, extension("metadata_discovery", "udpa.type.v1.TypedStruct", object{
+			"type_url": "type.googleapis.com/istio.workload.BootstrapExtension",
+			"value":    object{"config_source": object{"ads": object{}}},
+		}))
 	}
-	return append(ext, &corev3.TypedExtensionConfig{
-		Name:        "envoy.bootstrap.internal_listener",
-		TypedConfig: mustAny(&internallistenerv3.InternalListener{BufferSizeKb: wrapperspb.UInt32(64)}),
-	})
+	return append(ext, extension("envoy.bootstrap.internal_listener",
+		"envoy.extensions.bootstrap.internal_listener.v3.InternalListener", object{"buffer_size_kb": 64}))
 }
 
 // runtimeFlags is the "global config" runtime layer: Istio's defaults with the ProxyConfig's
@@ -386,59 +409,79 @@ func globalDownstreamMaxConnections(pc *meshv1.ProxyConfig) (int64, error) {
 }
 
 // statsConfig is Istio's tag extraction and inclusion list.
-func statsConfig(c *Config) (*metricsv3.StatsConfig, error) {
+func statsConfig(c *Config) (object, error) {
 	pc, annos := c.ProxyConfig, c.Annotations
-	tags := statsTags(extraStatTags(pc, annos))
+	tags, err := statsTags(extraStatTags(pc, annos))
+	if err != nil {
+		return nil, err
+	}
 	m := pc.GetProxyStatsMatcher()
 	suffixes := requiredStatsSuffixes
 	if c.ExitOnZeroActiveConnections {
 		suffixes = append(append([]string{}, suffixes...), "downstream_cx_active")
 	}
-	prefixes := inclusion(annos[annotation.SidecarStatsInclusionPrefixes.Name], m.GetInclusionPrefixes(), requiredStatsPrefixes, c.IPs)
-	suffixList := inclusion(annos[annotation.SidecarStatsInclusionSuffixes.Name], m.GetInclusionSuffixes(), suffixes, c.IPs)
-	regexps := inclusion(annos[annotation.SidecarStatsInclusionRegexps.Name], m.GetInclusionRegexps(), requiredStatsRegexps, c.IPs)
+	var errs []error
+	list := func(annoName, field string, fromConfig, required []string) []string {
+		l, err := inclusion(annos, annoName, field, fromConfig, required, c.IPs)
+		errs = append(errs, err)
+		return l
+	}
+	prefixes := list(annotation.SidecarStatsInclusionPrefixes.Name, "inclusionPrefixes", m.GetInclusionPrefixes(), requiredStatsPrefixes)
+	suffixList := list(annotation.SidecarStatsInclusionSuffixes.Name, "inclusionSuffixes", m.GetInclusionSuffixes(), suffixes)
+	regexps := list(annotation.SidecarStatsInclusionRegexps.Name, "inclusionRegexps", m.GetInclusionRegexps(), requiredStatsRegexps)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 
-	var patterns []*matcherv3.StringMatcher
-	add := func(f func(string) *matcherv3.StringMatcher, l ...string) {
+	var patterns []object
+	add := func(f func(string) object, l ...string) {
 		for _, s := range l {
 			patterns = append(patterns, f(s))
 		}
 	}
-	prefix := func(s string) *matcherv3.StringMatcher {
-		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: s}}
-	}
-	add(prefix, "reporter=")
+	add(prefixMatcher, "reporter=")
 	if c.MetadataDiscovery {
-		add(prefix, "workload_discovery")
+		add(prefixMatcher, "workload_discovery")
 	}
-	add(prefix, prefixes...)
-	add(func(s string) *matcherv3.StringMatcher {
-		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s}}
-	}, suffixList...)
-	add(func(s string) *matcherv3.StringMatcher {
-		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: s}}}
-	}, regexps...)
-	add(prefix, "component", "istio")
+	add(prefixMatcher, prefixes...)
+	add(func(s string) object { return object{"suffix": s} }, suffixList...)
+	add(func(s string) object { return object{"safe_regex": object{"regex": s}} }, regexps...)
+	add(prefixMatcher, "component", "istio")
 
+	sc := object{
+		"stats_tags":           tags,
+		"use_all_default_tags": false,
+		"stats_matcher":        object{"inclusion_list": object{"patterns": patterns}},
+	}
 	buckets, err := histogramBuckets(annos[annotation.SidecarStatsHistogramBuckets.Name])
 	if err != nil {
 		return nil, err
 	}
-	return &metricsv3.StatsConfig{
-		StatsTags:               tags,
-		UseAllDefaultTags:       wrapperspb.Bool(false),
-		StatsMatcher:            &metricsv3.StatsMatcher{StatsMatcher: &metricsv3.StatsMatcher_InclusionList{InclusionList: &matcherv3.ListStringMatcher{Patterns: patterns}}},
-		HistogramBucketSettings: buckets,
-	}, nil
+	if len(buckets) > 0 {
+		sc["histogram_bucket_settings"] = buckets
+	}
+	return sc, nil
 }
 
-// inclusion is the annotation's comma list, else the ProxyConfig's, plus the required ones,
-// with {pod_ip} replaced by each of the proxy's IPs.
-func inclusion(anno string, fromConfig, required []string, ips []string) []string {
+// prefixMatcher is a type/matcher/v3 StringMatcher on a prefix.
+func prefixMatcher(prefix string) object {
+	return object{"prefix": prefix}
+}
+
+// inclusion is the annotation's comma list, else the ProxyConfig's proxyStatsMatcher field,
+// plus the required ones, with {pod_ip} replaced by each of the proxy's IPs. An empty entry,
+// which Envoy rejects, is an error.
+func inclusion(annos map[string]string, annoName, field string, fromConfig, required []string, ips []string) ([]string, error) {
 	var l []string
-	if anno != "" {
+	if anno := annos[annoName]; anno != "" {
 		l = strings.Split(anno, ",")
+		if slices.Contains(l, "") {
+			return nil, fmt.Errorf("annotation %s=%q: empty entry", annoName, anno)
+		}
 	} else {
+		if slices.Contains(fromConfig, "") {
+			return nil, fmt.Errorf("proxyStatsMatcher.%s: empty entry", field)
+		}
 		l = append(l, fromConfig...)
 	}
 	l = append(l, required...)
@@ -452,7 +495,7 @@ func inclusion(anno string, fromConfig, required []string, ips []string) []strin
 			out = append(out, strings.ReplaceAll(p, "{pod_ip}", ip))
 		}
 	}
-	return out
+	return out, nil
 }
 
 func extraStatTags(pc *meshv1.ProxyConfig, annos map[string]string) []string {
@@ -465,11 +508,14 @@ func extraStatTags(pc *meshv1.ProxyConfig, annos map[string]string) []string {
 	return dedup(tags)
 }
 
-func statsTags(extra []string) []*metricsv3.TagSpecifier {
-	tag := func(name, re string) *metricsv3.TagSpecifier {
-		return &metricsv3.TagSpecifier{TagName: name, TagValue: &metricsv3.TagSpecifier_Regex{Regex: re}}
+// maxTagRegex is the longest tag regular expression Envoy accepts (TagSpecifier.regex).
+const maxTagRegex = 1024
+
+func statsTags(extra []string) ([]object, error) {
+	tag := func(name, re string) object {
+		return object{"tag_name": name, "regex": re}
 	}
-	tags := []*metricsv3.TagSpecifier{
+	tags := []object{
 		tag("cluster_name", `^cluster\.((.+?(\..+?\.svc\.cluster\.local)?)\.)`),
 		tag("tcp_prefix", `^tcp\.((.*?)\.)\w+?$`),
 		tag("response_code", `_rq(_(\d{3}))$`),
@@ -480,7 +526,11 @@ func statsTags(extra []string) []*metricsv3.TagSpecifier {
 		tag("mongo_prefix", `^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$`),
 	}
 	for _, t := range extra {
-		tags = append(tags, tag(t, `(`+t+`=\.=(.*?);\.;)`))
+		re := `(` + t + `=\.=(.*?);\.;)`
+		if len(re) > maxTagRegex {
+			return nil, fmt.Errorf("extra stat tag %.40q...: longer than Envoy's tag expressions allow (%d bytes)", t, maxTagRegex)
+		}
+		tags = append(tags, tag(t, re))
 	}
 	return append(tags,
 		tag("cache", `(cache\.(.+?)\.)`),
@@ -490,38 +540,51 @@ func statsTags(extra []string) []*metricsv3.TagSpecifier {
 		tag("authz_enforce_result", `rbac(\.(allowed|denied))`),
 		tag("authz_dry_run_action", `(\.istio_dry_run_(allow|deny)_)`),
 		tag("authz_dry_run_result", `(\.shadow_(allowed|denied))`),
-	)
+	), nil
 }
 
-// histogramBuckets parses sidecar.istio.io/statsHistogramBuckets: {"prefix": [bounds...]}.
-func histogramBuckets(anno string) ([]*metricsv3.HistogramBucketSettings, error) {
+// histogramBuckets parses sidecar.istio.io/statsHistogramBuckets: {"prefix": [bounds...]},
+// each prefix non-empty and each bound positive and given once, as Envoy requires.
+func histogramBuckets(anno string) ([]object, error) {
 	if anno == "" {
 		return nil, nil
 	}
+	name := annotation.SidecarStatsHistogramBuckets.Name
 	var m map[string][]float64
 	if err := json.Unmarshal([]byte(anno), &m); err != nil {
-		return nil, fmt.Errorf("annotation %s: %w", annotation.SidecarStatsHistogramBuckets.Name, err)
+		return nil, fmt.Errorf("annotation %s: %w", name, err)
 	}
-	var out []*metricsv3.HistogramBucketSettings
+	var out []object
 	for _, p := range sortedKeys(m) {
-		out = append(out, &metricsv3.HistogramBucketSettings{
-			Match:   &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: p}},
-			Buckets: m[p],
-		})
+		if p == "" {
+			return nil, fmt.Errorf("annotation %s: empty prefix", name)
+		}
+		for i, v := range m[p] {
+			if v <= 0 || slices.Contains(m[p][:i], v) {
+				return nil, fmt.Errorf("annotation %s: %q: bound %v: must be positive and not repeated", name, p, v)
+			}
+		}
+		out = append(out, object{"match": prefixMatcher(p), "buckets": m[p]})
 	}
 	return out, nil
 }
 
+// Envoy's range for stats_flush_interval.
+const minStatsFlush, maxStatsFlush = time.Millisecond, 5 * time.Minute
+
 // statsTiming applies sidecar.istio.io/statsFlushInterval and statsEvictionInterval.
-func statsTiming(b *bootstrapv3.Bootstrap, annos map[string]string) error {
+func statsTiming(b object, annos map[string]string) error {
 	flush := 5 * time.Second // Envoy's default
 	if v, ok := annos[annotation.SidecarStatsFlushInterval.Name]; ok {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			return fmt.Errorf("annotation %s=%q: %w", annotation.SidecarStatsFlushInterval.Name, v, err)
 		}
+		if d < minStatsFlush || d >= maxStatsFlush {
+			return fmt.Errorf("annotation %s=%q: must be at least %v and less than %v", annotation.SidecarStatsFlushInterval.Name, v, minStatsFlush, maxStatsFlush)
+		}
 		flush = d
-		b.StatsFlushInterval = durationpb.New(d)
+		b["stats_flush_interval"] = duration(d)
 	}
 	if v, ok := annos[annotation.SidecarStatsEvictionInterval.Name]; ok {
 		d, err := time.ParseDuration(v)
@@ -531,7 +594,7 @@ func statsTiming(b *bootstrapv3.Bootstrap, annos map[string]string) error {
 		if d <= 0 || d%flush != 0 {
 			return fmt.Errorf("annotation %s=%q: must be a positive multiple of the stats flush interval %v", annotation.SidecarStatsEvictionInterval.Name, v, flush)
 		}
-		b.StatsEviction = &bootstrapv3.Bootstrap_StatsEvictionInterval{StatsEvictionInterval: durationpb.New(d)}
+		b["stats_eviction_interval"] = duration(d)
 	}
 	return nil
 }
@@ -550,56 +613,47 @@ func statsCompression(pc *meshv1.ProxyConfig, annos map[string]string) bool {
 }
 
 // httpListener is a static listener on port that routes one path prefix to one cluster.
-func httpListener(addr, additional string, port int, statPrefix, pathPrefix, cluster string, compress bool) *listenerv3.Listener {
-	var filters []*hcmv3.HttpFilter
+func httpListener(addr, additional string, port int, statPrefix, pathPrefix, cluster string, compress bool) object {
+	var filters []object
 	if compress {
-		for _, lib := range []struct {
-			name string
-			cfg  proto.Message
-		}{{"brotli", &brotliv3.Brotli{}}, {"gzip", &gzipv3.Gzip{}}, {"zstd", &zstdv3.Zstd{}}} {
-			filters = append(filters, &hcmv3.HttpFilter{
-				Name: "envoy.filters.http.compressor",
-				ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&compressorv3.Compressor{
-					CompressorLibrary: &corev3.TypedExtensionConfig{Name: lib.name, TypedConfig: mustAny(lib.cfg)},
-					ChooseFirst:       true,
-				})},
-			})
+		for _, lib := range []struct{ name, typeName string }{
+			{"brotli", "envoy.extensions.compression.brotli.compressor.v3.Brotli"},
+			{"gzip", "envoy.extensions.compression.gzip.compressor.v3.Gzip"},
+			{"zstd", "envoy.extensions.compression.zstd.compressor.v3.Zstd"},
+		} {
+			filters = append(filters, extension("envoy.filters.http.compressor", "envoy.extensions.filters.http.compressor.v3.Compressor", object{
+				"compressor_library": extension(lib.name, lib.typeName, nil),
+				"choose_first":       true,
+			}))
 		}
 	}
-	filters = append(filters, &hcmv3.HttpFilter{
-		Name:       "envoy.filters.http.router",
-		ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
-	})
-	hcm := &hcmv3.HttpConnectionManager{
-		CodecType:  hcmv3.HttpConnectionManager_AUTO,
-		StatPrefix: statPrefix,
-		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
-			VirtualHosts: []*routev3.VirtualHost{{
-				Name:    "backend",
-				Domains: []string{"*"},
-				Routes: []*routev3.Route{{
-					Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: pathPrefix}},
-					Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
-				}},
+	filters = append(filters, extension("envoy.filters.http.router", "envoy.extensions.filters.http.router.v3.Router", nil))
+	hcm := object{
+		"codec_type":  "AUTO",
+		"stat_prefix": statPrefix,
+		"route_config": object{"virtual_hosts": []object{{
+			"name":    "backend",
+			"domains": []string{"*"},
+			"routes": []object{{
+				"match": object{"prefix": pathPrefix},
+				"route": object{"cluster": cluster},
 			}},
-		}},
-		HttpFilters: filters,
+		}}},
+		"http_filters": filters,
 	}
-	l := &listenerv3.Listener{
-		Address: socketAddress(addr, port),
-		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-			Name:       "envoy.filters.network.http_connection_manager",
-			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
-		}}}},
+	l := object{
+		"address": socketAddress("TCP", addr, port),
+		"filter_chains": []object{{"filters": []object{extension("envoy.filters.network.http_connection_manager",
+			"envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager", hcm)}}},
 	}
 	if additional != "" {
-		l.AdditionalAddresses = []*listenerv3.AdditionalAddress{{Address: socketAddress(additional, port)}}
+		l["additional_addresses"] = []object{{"address": socketAddress("TCP", additional, port)}}
 	}
 	return l
 }
 
 // dnsCluster is a STRICT_DNS cluster for a host:port outside the proxy.
-func dnsCluster(name, hostPort string, fam ipFamily) (*clusterv3.Cluster, error) {
+func dnsCluster(name, hostPort string, fam ipFamily) (object, error) {
 	host, port, err := net.SplitHostPort(hostPort)
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: %w", name, hostPort, err)
@@ -608,19 +662,19 @@ func dnsCluster(name, hostPort string, fam ipFamily) (*clusterv3.Cluster, error)
 	if err != nil {
 		return nil, fmt.Errorf("%s address %q: bad port", name, hostPort)
 	}
-	return &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		RespectDnsTtl:        true,
-		DnsLookupFamily:      fam.dnsLookup,
-		ConnectTimeout:       durationpb.New(time.Second),
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		LoadAssignment:       loadAssignment(name, socketAddress(host, int(p))),
+	return object{
+		"name":              name,
+		"type":              "STRICT_DNS",
+		"respect_dns_ttl":   true,
+		"dns_lookup_family": fam.dnsLookup,
+		"connect_timeout":   duration(time.Second),
+		"lb_policy":         "ROUND_ROBIN",
+		"load_assignment":   loadAssignment(name, socketAddress("TCP", host, int(p))),
 	}, nil
 }
 
 // tracingConfig returns the tracer's cluster and Envoy's tracing, when one is configured.
-func tracingConfig(pc *meshv1.ProxyConfig, fam ipFamily, serviceName string) ([]*clusterv3.Cluster, *tracev3.Tracing, error) {
+func tracingConfig(pc *meshv1.ProxyConfig, fam ipFamily, serviceName string) (cluster, tracing object, err error) {
 	t := pc.GetTracing()
 	if t == nil || t.Tracer == nil {
 		return nil, nil, nil
@@ -628,42 +682,40 @@ func tracingConfig(pc *meshv1.ProxyConfig, fam ipFamily, serviceName string) ([]
 	if t.GetTlsSettings() != nil {
 		return nil, nil, errors.New("tracing.tlsSettings is not supported by agentd's bootstrap")
 	}
-	var name, cluster, addr string
-	var cfg proto.Message
+	var name, typeName, clusterName, addr string
+	var cfg object
 	switch tr := t.Tracer.(type) {
 	case *meshv1.Tracing_Zipkin_:
-		name, cluster, addr = "envoy.tracers.zipkin", "zipkin", tr.Zipkin.GetAddress()
-		cfg = &tracev3.ZipkinConfig{
-			CollectorCluster:         cluster,
-			CollectorEndpoint:        "/api/v2/spans",
-			CollectorEndpointVersion: tracev3.ZipkinConfig_HTTP_JSON,
-			TraceId_128Bit:           true,
-			SharedSpanContext:        wrapperspb.Bool(false),
+		name, typeName, clusterName, addr = "envoy.tracers.zipkin", "envoy.config.trace.v3.ZipkinConfig", "zipkin", tr.Zipkin.GetAddress()
+		cfg = object{
+			"collector_cluster":          clusterName,
+			"collector_endpoint":         "/api/v2/spans",
+			"collector_endpoint_version": "HTTP_JSON",
+			"trace_id_128bit":            true,
+			"shared_span_context":        false,
 		}
 	case *meshv1.Tracing_Datadog_:
-		name, cluster, addr = "envoy.tracers.datadog", "datadog_agent", tr.Datadog.GetAddress()
-		cfg = &tracev3.DatadogConfig{CollectorCluster: cluster, ServiceName: serviceName}
+		name, typeName, clusterName, addr = "envoy.tracers.datadog", "envoy.config.trace.v3.DatadogConfig", "datadog_agent", tr.Datadog.GetAddress()
+		cfg = object{"collector_cluster": clusterName, "service_name": serviceName}
 	default:
 		return nil, nil, fmt.Errorf("tracer %T is not supported by agentd's bootstrap (zipkin or datadog)", t.Tracer)
 	}
 	if addr == "" {
 		return nil, nil, nil
 	}
-	c, err := dnsCluster(cluster, addr, fam)
+	cluster, err = dnsCluster(clusterName, addr, fam)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tracing: %w", err)
 	}
-	if cluster == "zipkin" {
-		c.DnsRefreshRate = durationpb.New(30 * time.Second)
+	if clusterName == "zipkin" {
+		cluster["dns_refresh_rate"] = duration(30 * time.Second)
 	}
-	return []*clusterv3.Cluster{c}, &tracev3.Tracing{Http: &tracev3.Tracing_Http{
-		Name:       name,
-		ConfigType: &tracev3.Tracing_Http_TypedConfig{TypedConfig: mustAny(cfg)},
-	}}, nil
+	return cluster, object{"http": extension(name, typeName, cfg)}, nil
 }
 
-// remoteServices adds the metrics service, access log service and statsd sinks.
-func remoteServices(b *bootstrapv3.Bootstrap, pc *meshv1.ProxyConfig, fam ipFamily) error {
+// remoteServices returns the clusters of the metrics and access log services, and the stats
+// sinks: the metrics service and statsd.
+func remoteServices(pc *meshv1.ProxyConfig, fam ipFamily) (clusters, sinks []object, err error) {
 	for _, rs := range []struct {
 		name string
 		svc  *meshv1.RemoteService
@@ -672,59 +724,49 @@ func remoteServices(b *bootstrapv3.Bootstrap, pc *meshv1.ProxyConfig, fam ipFami
 			continue
 		}
 		if rs.svc.GetTlsSettings() != nil {
-			return fmt.Errorf("%s tlsSettings is not supported by agentd's bootstrap", rs.name)
+			return nil, nil, fmt.Errorf("%s tlsSettings is not supported by agentd's bootstrap", rs.name)
 		}
 		c, err := dnsCluster(rs.name, rs.svc.GetAddress(), fam)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if ka := rs.svc.GetTcpKeepalive(); ka != nil {
-			tk := &corev3.TcpKeepalive{}
+			tk := object{}
 			if ka.Probes > 0 {
-				tk.KeepaliveProbes = wrapperspb.UInt32(ka.Probes)
+				tk["keepalive_probes"] = ka.Probes
 			}
 			if ka.Time != nil {
-				tk.KeepaliveTime = wrapperspb.UInt32(uint32(ka.Time.AsDuration().Seconds()))
+				tk["keepalive_time"] = uint32(ka.Time.AsDuration().Seconds())
 			}
 			if ka.Interval != nil {
-				tk.KeepaliveInterval = wrapperspb.UInt32(uint32(ka.Interval.AsDuration().Seconds()))
+				tk["keepalive_interval"] = uint32(ka.Interval.AsDuration().Seconds())
 			}
-			c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{TcpKeepalive: tk}
+			c["upstream_connection_options"] = object{"tcp_keepalive": tk}
 		}
-		b.StaticResources.Clusters = append(b.StaticResources.Clusters, grpcCluster(c))
+		clusters = append(clusters, grpcCluster(c))
 	}
 	if pc.GetEnvoyMetricsService().GetAddress() != "" {
-		b.StatsSinks = append(b.StatsSinks, &metricsv3.StatsSink{
-			Name: "envoy.stat_sinks.metrics_service",
-			ConfigType: &metricsv3.StatsSink_TypedConfig{TypedConfig: mustAny(&metricsv3.MetricsServiceConfig{
-				TransportApiVersion: corev3.ApiVersion_V3,
-				GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-					EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "envoy_metrics_service"},
-				}},
-			})},
-		})
+		sinks = append(sinks, extension("envoy.stat_sinks.metrics_service", "envoy.config.metrics.v3.MetricsServiceConfig", object{
+			"transport_api_version": "V3",
+			"grpc_service":          envoyGrpc("envoy_metrics_service"),
+		}))
 	}
 	if a := pc.GetStatsdUdpAddress(); a != "" {
 		host, port, err := net.SplitHostPort(a)
 		if err != nil {
-			return fmt.Errorf("statsdUdpAddress %q: %w", a, err)
+			return nil, nil, fmt.Errorf("statsdUdpAddress %q: %w", a, err)
 		}
 		p, _ := strconv.ParseUint(port, 10, 16)
 		if net.ParseIP(host) == nil { // Envoy needs an IP; Istio resolves the name at start
 			ips, err := net.LookupIP(host)
 			if err != nil || len(ips) == 0 {
-				return fmt.Errorf("statsdUdpAddress %q: resolve %s: %v", a, host, err)
+				return nil, nil, fmt.Errorf("statsdUdpAddress %q: resolve %s: %v", a, host, err)
 			}
 			host = ips[0].String()
 		}
-		addr := socketAddress(host, int(p))
-		addr.GetSocketAddress().Protocol = corev3.SocketAddress_UDP
-		b.StatsSinks = append(b.StatsSinks, &metricsv3.StatsSink{
-			Name: "envoy.stat_sinks.statsd",
-			ConfigType: &metricsv3.StatsSink_TypedConfig{TypedConfig: mustAny(&metricsv3.StatsdSink{
-				StatsdSpecifier: &metricsv3.StatsdSink_Address{Address: addr},
-			})},
-		})
+		sinks = append(sinks, extension("envoy.stat_sinks.statsd", "envoy.config.metrics.v3.StatsdSink", object{
+			"address": socketAddress("UDP", host, int(p)),
+		}))
 	}
-	return nil
+	return clusters, sinks, nil
 }

@@ -10,14 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentd/agentd/internal/envoy/configcheck"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshv1 "istio.io/api/mesh/v1alpha1"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -255,7 +253,7 @@ func TestBootstrapGolden(t *testing.T) {
 			}
 			// What Envoy reads is what decodes strictly and passes full validation, Any
 			// payloads included.
-			b, err := ParseBootstrap(got)
+			b, err := configcheck.ParseBootstrap(got)
 			if err != nil {
 				t.Fatalf("ParseBootstrap(generated) = %v", err)
 			}
@@ -287,6 +285,21 @@ func writeBootstrap(t *testing.T, c *Config) []byte {
 	return got
 }
 
+// parseBootstrap generates c's bootstrap and decodes it as Envoy would: strictly, and
+// passing full validation.
+func parseBootstrap(t testing.TB, c *Config) *bootstrapv3.Bootstrap {
+	t.Helper()
+	data, err := Bootstrap(c)
+	if err != nil {
+		t.Fatalf("Bootstrap: %v", err)
+	}
+	b, err := configcheck.ParseBootstrap(data)
+	if err != nil {
+		t.Fatalf("ParseBootstrap(generated) = %v", err)
+	}
+	return b
+}
+
 // messageDiff is the first differing line of two messages in one canonical JSON layout.
 func messageDiff(t *testing.T, got, want proto.Message) string {
 	t.Helper()
@@ -304,43 +317,9 @@ func messageDiff(t *testing.T, got, want proto.Message) string {
 	return firstDiff(canonical(got), canonical(want))
 }
 
-func TestValidateEntersAnyPayloads(t *testing.T) {
-	bad := &httpv3.HttpProtocolOptions{
-		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{
-				MaxConcurrentStreams: wrapperspb.UInt32(0), // must be 1..2147483647
-			}},
-		}},
-	}
-	a, err := anypb.New(bad)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := staticCluster("x", 1e9, pipeAddress("/x"))
-	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": a}
-	b := &bootstrapv3.Bootstrap{StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{c}}}
-	if err := b.ValidateAll(); err != nil {
-		t.Fatalf("ValidateAll = %v; the point of this test is that it does not see the payload", err)
-	}
-	err = Validate(b)
-	if err == nil || !strings.Contains(err.Error(), "MaxConcurrentStreams") {
-		t.Fatalf("Validate = %v, want the invalid MaxConcurrentStreams inside the Any", err)
-	}
-	js, err := protojson.Marshal(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ParseBootstrap(js); err == nil {
-		t.Fatal("ParseBootstrap accepted an invalid Any payload")
-	}
-}
-
 func TestBootstrapContents(t *testing.T) {
 	c := goldenCases[0].config(t)
-	b, err := Bootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := parseBootstrap(t, c)
 	md := b.GetNode().GetMetadata().GetFields()
 	for key, want := range map[string]string{
 		"CLUSTER_ID":                      "Kubernetes",
@@ -441,6 +420,28 @@ func TestBrokenInputFails(t *testing.T) {
 			c.ProxyConfig.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "many"}
 		}, "GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"},
 		{"metadata discovery without delta", func(c *Config) { c.MetadataDiscovery, c.DeltaXDS = true, false }, "METADATA_DISCOVERY needs delta"},
+		// What Envoy's validation rejects, checked by agentd before it writes the bootstrap.
+		{"status port out of range", func(c *Config) { c.EnvoyStatusPort = 70000 }, "ENVOY_STATUS_PORT 70000"},
+		{"negative prometheus port", func(c *Config) { c.EnvoyPrometheusPort = -1 }, "ENVOY_PROMETHEUS_PORT -1"},
+		{"flush interval too short", func(c *Config) { c.Annotations["sidecar.istio.io/statsFlushInterval"] = "0s" }, "statsFlushInterval"},
+		{"flush interval too long", func(c *Config) { c.Annotations["sidecar.istio.io/statsFlushInterval"] = "5m" }, "less than 5m0s"},
+		{"negative histogram bound", func(c *Config) {
+			c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = `{"istiocustom":[1,-5]}`
+		}, "bound -5: must be positive"},
+		{"repeated histogram bound", func(c *Config) {
+			c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = `{"istiocustom":[1,5,1]}`
+		}, "bound 1: must be positive and not repeated"},
+		{"empty histogram prefix", func(c *Config) { c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = `{"":[1]}` }, "empty prefix"},
+		{"empty inclusion entry in the annotation", func(c *Config) {
+			c.Annotations["sidecar.istio.io/statsInclusionPrefixes"] = "upstream_cx,"
+		}, "statsInclusionPrefixes"},
+		{"empty inclusion entry in the ProxyConfig", func(c *Config) {
+			c.ProxyConfig.ProxyStatsMatcher = &meshv1.ProxyConfig_ProxyStatsMatcher{InclusionRegexps: []string{""}}
+		}, "proxyStatsMatcher.inclusionRegexps: empty entry"},
+		{"extra stat tag too long", func(c *Config) {
+			c.Annotations["sidecar.istio.io/extraStatTags"] = strings.Repeat("t", 1020)
+		}, "longer than Envoy's tag expressions allow"},
+		{"socket path not UTF-8", func(c *Config) { c.SDSSocket = "/run/\xff.sock" }, "not valid UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,8 @@ package envoy
 
 import (
 	"testing"
+
+	"github.com/agentd/agentd/internal/envoy/configcheck"
 )
 
 // FuzzMergeProxyConfig: any PROXY_CONFIG text either merges into a ProxyConfig that passes
@@ -21,6 +23,34 @@ func FuzzMergeProxyConfig(f *testing.F) {
 	})
 }
 
+// FuzzBootstrap: for any PROXY_CONFIG and pod annotations, agentd either rejects the input
+// or writes a bootstrap that Envoy would accept: it decodes strictly and passes full
+// validation. This is what keeps agentd's explicit checks in step with Envoy's rules.
+func FuzzBootstrap(f *testing.F) {
+	for _, g := range goldenCases {
+		f.Add(g.proxyEnv+env(g.env, "PROXY_CONFIG"), g.annos)
+	}
+	f.Add("proxyStatsMatcher: {inclusionPrefixes: [\"\"]}", `sidecar.istio.io/statsFlushInterval="0s"`)
+	f.Fuzz(func(t *testing.T, proxyConfig, annotations string) {
+		annos, err := ParseDownwardAPI(annotations)
+		if err != nil {
+			return
+		}
+		c := goldenCases[0].config(t)
+		c.Annotations = annos
+		if c.ProxyConfig, err = MergeProxyConfig(ProxyConfigSources{Env: proxyConfig, Annotations: annos}); err != nil {
+			return
+		}
+		data, err := Bootstrap(c)
+		if err != nil {
+			return
+		}
+		if _, err := configcheck.ParseBootstrap(data); err != nil {
+			t.Fatalf("agentd wrote a bootstrap Envoy rejects: %v", err)
+		}
+	})
+}
+
 // FuzzParseDownwardAPI: the pod-info parser never panics and keeps only quoted values.
 func FuzzParseDownwardAPI(f *testing.F) {
 	f.Add(sidecarLabels)
@@ -36,11 +66,7 @@ func BenchmarkBootstrap(b *testing.B) {
 	c := goldenCases[0].config(t)
 	b.ReportAllocs()
 	for b.Loop() {
-		bs, err := Bootstrap(c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := MarshalBootstrap(bs); err != nil {
+		if _, err := Bootstrap(c); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -48,17 +74,13 @@ func BenchmarkBootstrap(b *testing.B) {
 
 func BenchmarkParseBootstrap(b *testing.B) {
 	t := &testing.T{}
-	bs, err := Bootstrap(goldenCases[0].config(t))
-	if err != nil {
-		b.Fatal(err)
-	}
-	data, err := MarshalBootstrap(bs)
+	data, err := Bootstrap(goldenCases[0].config(t))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := ParseBootstrap(data); err != nil {
+		if _, err := configcheck.ParseBootstrap(data); err != nil {
 			b.Fatal(err)
 		}
 	}

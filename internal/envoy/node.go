@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -116,6 +117,14 @@ func (c *Config) Check() error {
 		errs = append(errs, errors.New("no ProxyConfig"))
 	} else if err := ValidateProxyConfig(c.ProxyConfig); err != nil {
 		errs = append(errs, fmt.Errorf("invalid ProxyConfig: %w", err))
+	}
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"ENVOY_STATUS_PORT", c.EnvoyStatusPort}, {"ENVOY_PROMETHEUS_PORT", c.EnvoyPrometheusPort}} {
+		if p.v < 0 || p.v > math.MaxUint16 { // 0 is the default port
+			errs = append(errs, fmt.Errorf("%s %d: must be a port in 1-65535", p.name, p.v))
+		}
 	}
 	if c.MetadataDiscovery && !c.DeltaXDS {
 		errs = append(errs, errors.New("METADATA_DISCOVERY needs delta xDS (ISTIO_DELTA_XDS=true)"))

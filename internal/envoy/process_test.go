@@ -16,7 +16,9 @@ import (
 
 	"github.com/agentd/agentd/internal/logbuf"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -132,10 +134,20 @@ func (cp *controlPlane) serve(t *testing.T, version string, port int) {
 		t.Fatal(err)
 	}
 	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{
-		resourcev3.ClusterType: {staticCluster("inbound|app", time.Second, socketAddress("127.0.0.1", 9))},
+		resourcev3.ClusterType: {&clusterv3.Cluster{
+			Name:                 "inbound|app",
+			ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+			ConnectTimeout:       durationpb.New(time.Second),
+			LoadAssignment: &endpointv3.ClusterLoadAssignment{
+				ClusterName: "inbound|app",
+				Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+					HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: tcpAddress("127.0.0.1", 9)}},
+				}}}},
+			},
+		}},
 		resourcev3.ListenerType: {&listenerv3.Listener{
 			Name:             "virtualInbound",
-			Address:          socketAddress("127.0.0.1", port),
+			Address:          tcpAddress("127.0.0.1", port),
 			TrafficDirection: corev3.TrafficDirection_INBOUND,
 			FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
 				Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: tcp},
@@ -157,6 +169,13 @@ func (cp *controlPlane) serve(t *testing.T, version string, port int) {
 	if err := cp.cache.SetSnapshot(context.Background(), cp.nodeID, snap); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func tcpAddress(host string, port int) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address:       host,
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
+	}}}
 }
 
 func freePort(t *testing.T) int {
@@ -289,7 +308,7 @@ func TestProcessReadyOnlyAfterXDS(t *testing.T) {
 				t.Errorf("%d NACKs", r.cp.nacks)
 			}
 			info, err := e.Admin().ServerInfo(ctx)
-			if err != nil || info.GetNode().GetId() != r.cfg.NodeID() || info.GetCommandLineOptions().GetDrainStrategy().String() != "Immediate" {
+			if err != nil || info.GetNode().GetId() != r.cfg.NodeID() || info.CommandLineOptions.DrainStrategy != "Immediate" {
 				t.Errorf("ServerInfo = %v, %v", info, err)
 			}
 			m, err := e.Metrics(ctx)

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
-	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/configcheck"
 )
 
 // Envoy's server states, as server.state reports them.
@@ -130,7 +130,7 @@ func loadBootstrap(o *options) (*bootstrapv3.Bootstrap, error) {
 		}
 		proto.Merge(b, overlay)
 	}
-	if err := envoy.Validate(b); err != nil {
+	if err := configcheck.Validate(b); err != nil {
 		return nil, fmt.Errorf("bootstrap validation failed: %w", err)
 	}
 	return b, nil

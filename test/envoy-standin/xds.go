@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/configcheck"
 )
 
 const (
@@ -391,7 +391,7 @@ func validateResource(a *anypb.Any) error {
 	if err != nil {
 		return err
 	}
-	return envoy.ValidateKnown(m)
+	return configcheck.ValidateKnown(m)
 }
 
 // edsNames are the EDS service names of the EDS clusters.
@@ -499,7 +499,7 @@ func (c *sdsClient) check(resources []*anypb.Any) error {
 		if err := a.UnmarshalTo(s); err != nil {
 			return fmt.Errorf("decode secret: %w", err)
 		}
-		if err := envoy.ValidateKnown(s); err != nil {
+		if err := configcheck.ValidateKnown(s); err != nil {
 			return err
 		}
 		names = append(names, s.GetName())

@@ -1,4 +1,9 @@
-package envoy
+// Package configcheck checks Envoy configuration as Envoy does before using it: the
+// protoc-gen-validate rules of go-control-plane's types, including the messages packed in Any
+// fields. It links those types (the whole bootstrap tree and the extensions agentd's
+// bootstrap names), so only tests and the Envoy stand-in import it; agentd's binary builds its
+// bootstrap as JSON without them (package envoy).
+package configcheck
 
 import (
 	"errors"
@@ -13,6 +18,18 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	// The types agentd's bootstrap packs in Any fields: decoding and validation must know them.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/bootstrap/internal_listener/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/brotli/compressor/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/gzip/compressor/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/zstd/compressor/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/compressor/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 )
 
 // istioProxyTypes are extension types that only Istio's Envoy build knows; a TypedStruct of
@@ -21,7 +38,8 @@ var istioProxyTypes = map[string]bool{
 	"type.googleapis.com/istio.workload.BootstrapExtension": true,
 }
 
-// ParseBootstrap decodes a JSON bootstrap and validates it fully (see Validate).
+// ParseBootstrap decodes a JSON bootstrap strictly (an unknown field or type is an error) and
+// validates it fully (see Validate).
 func ParseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 	b := &bootstrapv3.Bootstrap{}
 	if err := protojson.Unmarshal(data, b); err != nil {
