@@ -1,6 +1,7 @@
 package component
 
 import (
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -23,7 +24,10 @@ var release struct {
 // per releaseDelay. Without it a Go process keeps the high-water mark of decoding such a
 // message for minutes, until the runtime's background scavenger catches up: with 10 000
 // names and endpoints that is several MB per helper (scripts/bench/footprint.sh). The delay
-// folds the messages of one push into one release, whose cost is a garbage collection.
+// folds the messages of one push into one release, whose cost is two garbage collections:
+// what sits in a sync.Pool (gRPC keeps the frames it read in pools, several MB after a large
+// push) is dropped only by the second collection after it was put there (xds-proxy 3 MB less
+// after a push of 10 000 endpoints).
 func ReleaseMemory() {
 	release.mu.Lock()
 	defer release.mu.Unlock()
@@ -35,6 +39,7 @@ func ReleaseMemory() {
 		release.mu.Lock()
 		release.pending = false
 		release.mu.Unlock()
+		runtime.GC() // moves what the pools hold to their victim caches
 		debug.FreeOSMemory()
 	})
 }
