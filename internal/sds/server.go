@@ -11,20 +11,13 @@ import (
 	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/server/config"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/agentd/agentd/internal/caclient"
 )
@@ -77,13 +70,11 @@ type Server struct {
 	m       *metrics
 	mgr     *manager // nil without a CA
 	files   *watcher
-	cache   *cachev3.LinearCache
-	xds     serverv3.Server
-	streams sync.Map // stream id → context
+	secrets *store      // what is served
+	sds     *sdsService // the gRPC service (xds.go)
 
 	mu     sync.Mutex
-	served map[string]proto.Message // what is in the cache
-	bundle []byte                   // PCDS trust bundle when there is no CA
+	bundle []byte // PCDS trust bundle when there is no CA
 }
 
 // NewServer builds a Server from o.
@@ -109,7 +100,7 @@ func NewServer(o Options) (*Server, error) {
 	if o.CA != nil && o.Identity == "" {
 		return nil, errors.New("a CA needs an identity to ask for")
 	}
-	s := &Server{o: o, log: o.Log, served: map[string]proto.Message{}}
+	s := &Server{o: o, log: o.Log}
 	if o.CA != nil && !o.FilesOnly {
 		s.mgr = &manager{
 			ca: o.CA, identity: o.Identity, key: o.Key, ttl: o.SecretTTL,
@@ -130,9 +121,8 @@ func NewServer(o Options) (*Server, error) {
 		s.mgr.m = s.m
 	}
 	s.files = newWatcher(o.FileDebounce, o.FileRetryTimeout, s.reloadFile, o.Log.Named("files"), s.m)
-	s.cache = cachev3.NewLinearCache(resourcev3.SecretType,
-		cachev3.WithVersionPrefix(time.Now().UTC().Format(time.RFC3339)+"/"),
-		cachev3.WithLogger(xdsLogger{o.Log.Named("xds")}))
+	s.secrets = newStore(time.Now().UTC().Format(time.RFC3339) + "/")
+	s.sds = &sdsService{store: s.secrets, ensure: s.ensure, log: o.Log.Named("xds")}
 	return s, nil
 }
 
@@ -144,16 +134,9 @@ func (s *Server) OnRetry(error) { s.m.retries.WithLabelValues(requestTypeCSR).In
 func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s.xds = serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
-		StreamOpenFunc:         s.open,
-		DeltaStreamOpenFunc:    s.open,
-		StreamClosedFunc:       s.closed,
-		DeltaStreamClosedFunc:  s.closed,
-		StreamRequestFunc:      s.onRequest,
-		StreamDeltaRequestFunc: s.onDeltaRequest,
-	}, config.DeactivateLegacyWildcard()) // a request without names gets nothing, not every secret
-	gs := grpc.NewServer(grpc.MaxConcurrentStreams(100000))
-	secretv3.RegisterSecretDiscoveryServiceServer(gs, service{xds: s.xds})
+	// WaitForHandlers: Run returns once every stream has ended and released its watches.
+	gs := grpc.NewServer(grpc.MaxConcurrentStreams(100000), grpc.WaitForHandlers(true))
+	secretv3.RegisterSecretDiscoveryServiceServer(gs, s.sds)
 
 	errc := make(chan error, 3)
 	var wg sync.WaitGroup
@@ -209,38 +192,12 @@ func (s *Server) SetTrustBundle(pems []string) {
 	s.refresh(ResourceRootCA)
 }
 
-func (s *Server) open(ctx context.Context, id int64, _ string) error {
-	s.streams.Store(id, ctx)
-	return nil
-}
-
-func (s *Server) closed(id int64, _ *corev3.Node) { s.streams.Delete(id) }
-
-func (s *Server) onRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
-	return s.ensure(id, req.GetResourceNames())
-}
-
-func (s *Server) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-	names := req.GetResourceNamesSubscribe()
-	for n := range req.GetInitialResourceVersions() {
-		names = append(names, n)
-	}
-	return s.ensure(id, names)
-}
-
-// ensure generates every named secret that is not in the cache yet, waiting for it (at most
-// GenerateTimeout) so that the watch the server then opens answers at once. A secret that
-// cannot be generated fails the stream, as Istio does; the client retries.
-func (s *Server) ensure(id int64, names []string) error {
-	ctx := context.Background()
-	if c, ok := s.streams.Load(id); ok {
-		ctx = c.(context.Context)
-	}
+// ensure generates every named secret that is not served yet, waiting for it (at most
+// GenerateTimeout, or until the stream's ctx ends) so that the request is answered at once. A
+// secret that cannot be generated fails the stream, as Istio does; the client retries.
+func (s *Server) ensure(ctx context.Context, names []string) error {
 	for _, name := range names {
-		s.mu.Lock()
-		_, ok := s.served[name]
-		s.mu.Unlock()
-		if ok {
+		if s.secrets.has(name) {
 			continue
 		}
 		gctx, cancel := context.WithTimeout(ctx, s.o.GenerateTimeout)
@@ -262,10 +219,7 @@ func (s *Server) ensure(id int64, names []string) error {
 // refresh regenerates a secret that is being served and pushes it if it changed. It does not
 // wait: a served secret's source already holds it.
 func (s *Server) refresh(name string) {
-	s.mu.Lock()
-	_, ok := s.served[name]
-	s.mu.Unlock()
-	if !ok {
+	if !s.secrets.has(name) {
 		return
 	}
 	sec, err := s.generate(context.Background(), name, false)
@@ -279,10 +233,7 @@ func (s *Server) refresh(name string) {
 // reloadFile is the watcher's reload: it fails while the files are not valid, so that the
 // watcher retries and the old secret stays.
 func (s *Server) reloadFile(name string) error {
-	s.mu.Lock()
-	_, ok := s.served[name]
-	s.mu.Unlock()
-	if !ok {
+	if !s.secrets.has(name) {
 		return nil
 	}
 	sec, err := s.generate(context.Background(), name, false)
@@ -293,18 +244,17 @@ func (s *Server) reloadFile(name string) error {
 	return nil
 }
 
+// publish serves sec as name and pushes it to the streams watching it, unless it is what
+// they have.
 func (s *Server) publish(name string, sec *tlsv3.Secret) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.served[name]; ok && proto.Equal(old, sec) {
-		return
-	}
-	s.served[name] = sec
-	if err := s.cache.UpdateResource(name, sec); err != nil {
+	changed, err := s.secrets.set(name, sec)
+	if err != nil {
 		s.log.Error("pushing secret failed", "resource", name, "error", err)
 		return
 	}
-	s.log.Debug("secret pushed", "resource", name)
+	if changed {
+		s.log.Debug("secret pushed", "resource", name)
+	}
 }
 
 // generate builds the secret called name. retryFiles re-reads files until they are valid or
@@ -450,27 +400,3 @@ func systemBundle() string {
 	}
 	return ""
 }
-
-// service is the gRPC SDS service: go-control-plane's streams; FetchSecrets is
-// Unimplemented, as Istio's.
-type service struct {
-	secretv3.UnimplementedSecretDiscoveryServiceServer
-	xds serverv3.Server
-}
-
-func (s service) StreamSecrets(st secretv3.SecretDiscoveryService_StreamSecretsServer) error {
-	return s.xds.StreamSecrets(st)
-}
-
-func (s service) DeltaSecrets(st secretv3.SecretDiscoveryService_DeltaSecretsServer) error {
-	return s.xds.DeltaSecrets(st)
-}
-
-// xdsLogger sends go-control-plane's logs to hclog, one level down: its Info lines are
-// per-request noise.
-type xdsLogger struct{ l hclog.Logger }
-
-func (x xdsLogger) Debugf(f string, a ...any) { x.l.Trace(fmt.Sprintf(f, a...)) }
-func (x xdsLogger) Infof(f string, a ...any)  { x.l.Debug(fmt.Sprintf(f, a...)) }
-func (x xdsLogger) Warnf(f string, a ...any)  { x.l.Warn(fmt.Sprintf(f, a...)) }
-func (x xdsLogger) Errorf(f string, a ...any) { x.l.Error(fmt.Sprintf(f, a...)) }
