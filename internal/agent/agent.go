@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -120,8 +121,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := proc.BecomeSubreaper(); err != nil && os.Getpid() != 1 {
 		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
 	}
-	if !hasGOGC(a.opts.Env) {
+	if !hasVar(a.opts.Env, "GOGC") {
 		debug.SetGCPercent(treeGOGC)
+	}
+	if !hasVar(a.opts.Env, "GOMAXPROCS") {
+		runtime.GOMAXPROCS(treeGOMAXPROCS)
 	}
 	a.log.Info("starting", "root", a.opts.Root, "helpers", a.opts.HelpersDir, "children", len(a.children))
 	g, gctx := errgroup.WithContext(a.status.quittable(ctx))

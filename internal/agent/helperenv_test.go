@@ -25,11 +25,11 @@ func TestHelperEnv(t *testing.T) {
 		helper string
 		want   []string
 	}{
-		{"dns-proxy", common},
-		{"prober", common},
-		{"xds-proxy", upstream},
-		{"sds-server", upstream},
-		{"unknown", common},
+		{"dns-proxy", common}, // it picks its own GOMAXPROCS
+		{"prober", append(slices.Clone(common), "GOMAXPROCS=1")},
+		{"xds-proxy", append(slices.Clone(upstream), "GOMAXPROCS=1")},
+		{"sds-server", append(slices.Clone(upstream), "GOMAXPROCS=1")},
+		{"unknown", append(slices.Clone(common), "GOMAXPROCS=1")},
 	}
 	for _, tt := range tests {
 		if got := helperEnv(tt.helper, env); !slices.Equal(got, tt.want) {
@@ -38,6 +38,9 @@ func TestHelperEnv(t *testing.T) {
 	}
 	if got, want := helperEnv("dns-proxy", []string{"PATH=/bin", "GOMEMLIMIT=1GiB"}), []string{"GOMEMLIMIT=1GiB", "GOGC=" + strconv.Itoa(treeGOGC)}; !slices.Equal(got, want) {
 		t.Errorf("helperEnv without GOGC = %q, want %q", got, want)
+	}
+	if got, want := helperEnv("prober", []string{"GOMAXPROCS=4"}), []string{"GOMAXPROCS=4", "GOGC=" + strconv.Itoa(treeGOGC)}; !slices.Equal(got, want) {
+		t.Errorf("helperEnv with GOMAXPROCS = %q, want %q", got, want)
 	}
 }
 
