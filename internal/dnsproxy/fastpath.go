@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
 
@@ -28,25 +29,51 @@ func (f *fastScratch) reply(t *Table, pkt, dst []byte) (out []byte, ok bool) {
 		return nil, false
 	}
 	h := t.hosts[string(f.name)]
+	var target []byte // the CNAME's target when the name is a search-expanded CNAME
 	if h == nil {
-		return nil, false
+		var ok bool
+		if target, ok = cutSearch(f.name, t.search); !ok {
+			return nil, false
+		}
+		if h = t.hosts[string(target)]; h == nil {
+			return nil, false
+		}
 	}
 	w := &h.wire[fam]
+	cnameLen, count := 0, w.count
+	if len(target) > 0 && w.count > 0 { // no address of the family: no answer, no CNAME
+		cnameLen, count = 12+len(target)+1, w.count+1
+	}
 	extra := 0
 	if hasOpt {
 		extra = optLen
 	}
-	if !w.ok || qend+len(w.section)+extra > size {
+	if !w.ok || qend+cnameLen+len(w.section)+extra > size {
 		return nil, false
 	}
+	msg := len(dst) // where the message starts: compression pointers count from there
 	out = append(dst, pkt[:qend]...)
-	out[2] = 0x84 | pkt[2]&0x01 // QR, AA, the query's RD
-	out[3] = pkt[3] & 0x10      // the query's CD; RA off and NOERROR, as miekg's SetReply
-	binary.BigEndian.PutUint16(out[6:], w.count)
-	binary.BigEndian.PutUint16(out[8:], 0)
-	binary.BigEndian.PutUint16(out[10:], uint16(extra/optLen))
-	out = append(out, w.section...)
+	out[msg+2] = 0x84 | pkt[2]&0x01 // QR, AA, the query's RD
+	out[msg+3] = pkt[3] & 0x10      // the query's CD; RA off and NOERROR, as miekg's SetReply
+	binary.BigEndian.PutUint16(out[msg+6:], count)
+	binary.BigEndian.PutUint16(out[msg+8:], 0)
+	binary.BigEndian.PutUint16(out[msg+10:], uint16(extra/optLen))
 	n, rrLen := int(w.n), int(w.rrLen)
+	if cnameLen == 0 {
+		out = append(out, w.section...)
+	} else {
+		// The CNAME, owned by the question (a pointer to it), then the target's address
+		// records, owned by the CNAME's target (a pointer to it in the CNAME's data).
+		rdlen := len(target) + 1
+		out = append(out, 0xC0, 12, 0, byte(dns.TypeCNAME), 0, classINET, 0, 0, 0, ttl, byte(rdlen>>8), byte(rdlen))
+		ptr := 0xC000 | uint16(len(out)-msg)
+		out = appendWireName(out, target)
+		start := len(out)
+		out = append(out, w.section...)
+		for i := range n {
+			binary.BigEndian.PutUint16(out[start+i*rrLen:], ptr)
+		}
+	}
 	shuffleRecords(out[len(out)-n*rrLen:], n, rrLen)
 	if hasOpt {
 		out = append(out, 0, byte(dns.TypeOPT>>8), byte(dns.TypeOPT), localUDPSize>>8, localUDPSize&0xff, 0, 0, 0, 0, 0, 0)
@@ -117,6 +144,16 @@ func (f *fastScratch) parse(pkt []byte) (qend, fam, size int, hasOpt, ok bool) {
 	}
 	size = max(size, int(binary.BigEndian.Uint16(o[3:])))
 	return qend, fam, size, true, true
+}
+
+// appendWireName appends name (with a trailing dot, labels checked by parse) in wire form.
+func appendWireName(b, name []byte) []byte {
+	for len(name) > 1 {
+		i := bytes.IndexByte(name, '.')
+		b = append(append(b, byte(i)), name[:i]...)
+		name = name[i+1:]
+	}
+	return append(b, 0)
 }
 
 // shuffleRecords shuffles the n records of rrLen bytes each in b.

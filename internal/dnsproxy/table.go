@@ -40,19 +40,22 @@ func ProxyDomain(domain, namespace string) string {
 // Table is an immutable lookup structure built from a name table. Queries read it without
 // locks; an update builds a new one and swaps it in.
 type Table struct {
-	hosts   map[string]*host
+	hosts map[string]*host
+	// search is the first search domain ("ns.svc.cluster.local."; "" without one): a table
+	// name with it appended is a CNAME to the name (Istio's short-cut for the search list's
+	// first try). Those names are answered as they are asked, not stored: with Kubernetes'
+	// search list they would double the table.
+	search  string
 	entries int // name table entries with at least one address
 }
 
-// host is one name the proxy answers for. A search-expanded name is a CNAME to its target;
-// any other name carries its addresses, shared with the other names of its entry. The
-// replies to exact-name A and AAAA queries are prebuilt in wire form for the fast path; the
-// general path builds its records when asked, so that the table holds each address once.
+// host is one name the proxy answers for, with its entry's addresses (shared with the other
+// names of the entry). The replies to exact-name A and AAAA queries are prebuilt in wire form
+// for the fast path; the general path builds its records when asked, so that the table holds
+// each address once.
 type host struct {
-	cname  string        // the CNAME's target name; "" for an address name
-	target *host         // the CNAME's target
-	addrs  *addrs        // nil for a CNAME
-	wire   [2]wireAnswer // [0] for A, [1] for AAAA
+	addrs *addrs
+	wire  [2]wireAnswer // [0] for A, [1] for AAAA
 }
 
 // addrs are the addresses of a name table entry.
@@ -70,7 +73,8 @@ type wireAnswer struct {
 	ok       bool // false: build this reply on the general path
 }
 
-// Len returns how many names the table answers for (variants and CNAMEs included).
+// Len returns how many names the table holds (variants included; the search-expanded CNAMEs
+// are answered as they are asked, not held).
 func (t *Table) Len() int { return len(t.hosts) }
 
 // Entries returns how many name table entries had an address.
@@ -85,7 +89,7 @@ type entry struct {
 // NewTable builds the lookup table of nt. Entries without a parseable IP are skipped, as
 // Istio does. Where two entries offer the same name, a host name beats a generated variant,
 // and otherwise the entry whose host name sorts first wins; a search-expanded CNAME never
-// hides a real name.
+// hides a real name (find).
 func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 	keys := make([]string, 0, len(nt.GetTable()))
 	for k := range nt.GetTable() {
@@ -94,6 +98,9 @@ func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 	slices.Sort(keys)
 
 	t := &Table{hosts: make(map[string]*host, len(keys)*2)}
+	if len(n.Search) > 0 && strings.Trim(n.Search[0], ".") != "" {
+		t.search = canonical(n.Search[0])
+	}
 	var entries []entry
 	for _, k := range keys {
 		e, ok := newEntry(k, nt.Table[k], n)
@@ -117,7 +124,6 @@ func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 			}
 		}
 	}
-	t.addSearchCNAMEs(n.Search)
 	// The address names of one entry have the same answer sections (their records' owner is a
 	// pointer to the question): keep one copy per entry and family.
 	type sectionKey struct {
@@ -129,13 +135,11 @@ func NewTable(nt *ndsv1.NameTable, n Names) *Table {
 		for fam, qtype := range []uint16{dns.TypeA, dns.TypeAAAA} {
 			w := packAnswer(name, qtype, h) // w.section is still a slice of the packed message
 			key := sectionKey{h.addrs, fam}
-			if prev, ok := shared[key]; ok && h.cname == "" && bytes.Equal(prev, w.section) {
+			if prev, ok := shared[key]; ok && bytes.Equal(prev, w.section) {
 				w.section = prev
 			} else if len(w.section) > 0 {
 				w.section = slices.Clone(w.section) // not the whole packed message
-				if h.cname == "" {
-					shared[key] = w.section
-				}
+				shared[key] = w.section
 			}
 			h.wire[fam] = w
 		}
@@ -183,30 +187,6 @@ func hostVariants(hostname string, ni *ndsv1.NameTable_NameInfo, n Names) []stri
 	return names
 }
 
-// addSearchCNAMEs adds, for every name that does not already end with the first search
-// domain, the name with that domain appended as a CNAME to the name, unless it is a name
-// of its own.
-func (t *Table) addSearchCNAMEs(search []string) {
-	if len(search) == 0 || strings.Trim(search[0], ".") == "" {
-		return
-	}
-	suffix := canonical(search[0])
-	targets := make([]string, 0, len(t.hosts))
-	for name := range t.hosts {
-		targets = append(targets, name)
-	}
-	for _, name := range targets {
-		if strings.HasSuffix(name, "."+suffix) {
-			continue
-		}
-		expanded := name + suffix
-		if _, taken := t.hosts[expanded]; taken {
-			continue
-		}
-		t.hosts[expanded] = &host{cname: name, target: t.hosts[name]}
-	}
-}
-
 // canonical returns name lower-cased with exactly one trailing dot.
 func canonical(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, ".")) + "."
@@ -221,55 +201,86 @@ func rrHeader(name string, rrtype uint16) dns.RR_Header {
 // A or AAAA: the query goes upstream. A found name with no address of the asked family has
 // no answers (NODATA). The records are new: the caller may change them.
 func (t *Table) Lookup(name string, qtype uint16) (answers []dns.RR, found bool) {
-	h, _ := t.find(name)
+	h, cname := t.find(name)
 	if h == nil || (qtype != dns.TypeA && qtype != dns.TypeAAAA) {
 		return nil, false
 	}
-	return h.answers(name, qtype), true
+	return h.answers(name, cname, qtype), true
 }
 
-// find returns the host for name: an exact match, else the closest wildcard "*.rest." of
-// name's parents.
-func (t *Table) find(name string) (h *host, wildcard bool) {
+// find returns the host for name and, when name is a search-expanded CNAME, the CNAME's
+// target: a name of the table, else a name of the table with the first search domain
+// appended, else the closest wildcard "*.rest." of name's parents (or a wildcard with the
+// search domain appended), a real name before a CNAME at each step.
+func (t *Table) find(name string) (h *host, cname string) {
 	if h := t.hosts[name]; h != nil {
-		return h, false
+		return h, ""
+	}
+	if target, ok := t.searchTarget(name); ok {
+		return t.hosts[target], target
 	}
 	for i := 0; i < len(name); i++ {
 		if name[i] != '.' || i+1 >= len(name) {
 			continue
 		}
-		if h := t.hosts["*"+name[i:]]; h != nil {
-			return h, true
+		wildcard := "*" + name[i:]
+		if h := t.hosts[wildcard]; h != nil {
+			return h, ""
+		}
+		if target, ok := t.searchTarget(wildcard); ok {
+			return t.hosts[target], target
 		}
 	}
-	return nil, false
+	return nil, ""
 }
 
-// addresses returns the A or AAAA addresses the host resolves to, following its CNAME.
-func (h *host) addresses(qtype uint16) []netip.Addr {
-	if h.target != nil {
-		h = h.target
+// searchTarget returns the name that name is a search-expanded CNAME to: name less the first
+// search domain, if that is a name of the table that does not already end with the domain.
+func (t *Table) searchTarget(name string) (string, bool) {
+	target, ok := cutSearch(name, t.search)
+	if !ok || t.hosts[target] == nil {
+		return "", false
 	}
+	return target, true
+}
+
+// cutSearch returns name without the search domain search, when name is a name with search
+// appended that did not end with search already. It takes the fast path's bytes as well,
+// without allocating.
+func cutSearch[S ~string | ~[]byte](name S, search string) (S, bool) {
+	n, k := len(name), len(search)
+	if k == 0 || n <= k || name[n-k-1] != '.' || string(name[n-k:]) != search {
+		return name[:0], false
+	}
+	target := name[:n-k]
+	if m := len(target); m > k && target[m-k-1] == '.' && string(target[m-k:]) == search {
+		return name[:0], false
+	}
+	return target, true
+}
+
+// addresses returns the A or AAAA addresses of the host.
+func (h *host) addresses(qtype uint16) []netip.Addr {
 	if qtype == dns.TypeAAAA {
 		return h.addrs.ipv6
 	}
 	return h.addrs.ipv4
 }
 
-// answers returns the answer section for a query of name that found h: the CNAME (if any)
-// and the addresses, or nothing when there is no address of that family. The records'
-// owner is name (a wildcard hit's owner is the question), the CNAME's target for the
-// addresses behind a CNAME.
-func (h *host) answers(name string, qtype uint16) []dns.RR {
+// answers returns the answer section for a query of name that found h (through the CNAME
+// to cname, if not ""): the CNAME and the addresses, or nothing when there is no address of
+// that family. The records' owner is name (a wildcard hit's owner is the question), the
+// CNAME's target for the addresses behind a CNAME.
+func (h *host) answers(name, cname string, qtype uint16) []dns.RR {
 	addrs := h.addresses(qtype)
 	if len(addrs) == 0 {
 		return nil
 	}
 	owner := name
 	var out []dns.RR
-	if h.cname != "" {
-		out = append(make([]dns.RR, 0, 1+len(addrs)), &dns.CNAME{Hdr: rrHeader(name, dns.TypeCNAME), Target: h.cname})
-		owner = h.cname
+	if cname != "" {
+		out = append(make([]dns.RR, 0, 1+len(addrs)), &dns.CNAME{Hdr: rrHeader(name, dns.TypeCNAME), Target: cname})
+		owner = cname
 	}
 	for _, ip := range addrs {
 		if ip.Is4() {
@@ -284,7 +295,7 @@ func (h *host) answers(name string, qtype uint16) []dns.RR {
 // packAnswer prebuilds the wire answer section of the reply to (name, qtype). The section is
 // a slice of the whole packed message: the caller copies what it keeps.
 func packAnswer(name string, qtype uint16, h *host) wireAnswer {
-	answers := h.answers(name, qtype)
+	answers := h.answers(name, "", qtype)
 	m := &dns.Msg{Compress: true, Question: []dns.Question{{Name: name, Qtype: qtype, Qclass: dns.ClassINET}}}
 	m.Answer = answers
 	full, err := m.Pack()
@@ -306,8 +317,7 @@ func packAnswer(name string, qtype uint16, h *host) wireAnswer {
 	if qtype == dns.TypeAAAA {
 		w.rrLen = 12 + 16
 	}
-	cnameLen := len(w.section) - n*int(w.rrLen)
-	if cnameLen < 0 || (h.cname == "") != (cnameLen == 0) {
+	if len(w.section) != n*int(w.rrLen) {
 		return wireAnswer{}
 	}
 	return w
