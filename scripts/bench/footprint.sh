@@ -2,8 +2,9 @@
 # Measures what agentd's process tree costs: the memory of every process (RSS and PSS from
 # /proc/<pid>/smaps_rollup, PSS splitting pages shared between processes) and the sums, idle
 # (Istio's defaults: no app probe, no DNS capture; then again with an app probe, which starts
-# the prober) and with a NAMES-name table and NAMES endpoints flowing from devplane (a generated services
-# file, rewritten PUSHES times so that every endpoint moves), and the start-to-ready time
+# the prober) and with a NAMES-name table (and a pod's search list) and NAMES endpoints flowing
+# from devplane (a generated services file, rewritten PUSHES times so that every endpoint
+# moves), and the start-to-ready time
 # without Envoy (agentd exec to /healthz/ready answering 200, median of RUNS). Each for the
 # two layouts of the helpers directory: "separate" (one binary per helper) and "links" (links
 # to agentd, which serves a helper by the name it runs as: one executable file for the tree).
@@ -161,10 +162,13 @@ for layout in $LAYOUTS; do
 	# endpoints through xds-proxy, DNS capture makes xds-proxy ask for the name table, which
 	# reaches dns-proxy over the bus.
 	services "$work/services.yaml" "$NAMES" 10000
+	# A pod's resolv.conf: Kubernetes' search list (dns-proxy answers each name with the first
+	# search domain appended too). No query goes upstream here.
+	printf 'nameserver 127.0.0.1\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n' >"$work/resolv.conf"
 	extra_env="ISTIO_META_DNS_CAPTURE=true ENVOY_STATUS_PORT=$(freeport) ENVOY_PROMETHEUS_PORT=$(freeport)"
 	extra_env+=" PROXY_CONFIG={\"controlPlaneAuthPolicy\":\"NONE\",\"proxyAdminPort\":$(freeport)}"
 	status_port=$(freeport)
-	start_agentd "$work/$layout-full" --envoy-binary "$work/bin/envoy-standin"
+	start_agentd "$work/$layout-full" --envoy-binary "$work/bin/envoy-standin" --resolv-conf "$work/resolv.conf"
 	wait_ready 120
 	sleep 3
 	memory "$NAMES names and $NAMES endpoints, steady, Envoy stand-in as the xDS client ($layout)"
