@@ -82,26 +82,6 @@ func (f *xdsFixture) hasPair(t *testing.T, resources []*anypb.Any, i int, names 
 	}
 }
 
-// responses reads a stream's responses into a channel until the stream ends.
-func responses[T any](ctx context.Context, recv func() (T, error)) <-chan T {
-	ch := make(chan T, 16)
-	go func() {
-		defer close(ch)
-		for {
-			r, err := recv()
-			if err != nil {
-				return
-			}
-			select {
-			case ch <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return ch
-}
-
 func nextResponse[T any](t *testing.T, ch <-chan T) T {
 	t.Helper()
 	select {
@@ -143,7 +123,7 @@ func openSotW(t *testing.T, conn *grpc.ClientConn) *sotwClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &sotwClient{t: t, st: st, resps: responses(ctx, st.Recv), cancel: cancel}
+	return &sotwClient{t: t, st: st, resps: receive(ctx, st.Recv), cancel: cancel}
 }
 
 func (c *sotwClient) send(names []string, version, nonce string, nack *rpcstatus.Status) {
@@ -266,7 +246,7 @@ func openDelta(t *testing.T, conn *grpc.ClientConn) *deltaClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &deltaClient{t: t, st: st, resps: responses(ctx, st.Recv), cancel: cancel}
+	return &deltaClient{t: t, st: st, resps: receive(ctx, st.Recv), cancel: cancel}
 }
 
 func (d *deltaClient) send(req *discoveryv3.DeltaDiscoveryRequest) {
