@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/status"
+	"github.com/agentd/agentd/internal/supervisor"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
@@ -72,9 +74,8 @@ func (a *Agent) newStatus() (*statusRun, error) {
 		NameTable:            a.nameTable,
 		Log:                  a.log.Named("status"),
 	}
-	if pcfg, err := a.proberConfig(); err != nil {
-		return nil, err
-	} else if pcfg != nil { // without a prober, /app-health/... gets Istio's 400
+	if slices.ContainsFunc(a.children, func(c supervisor.Child) bool { return c.Name == "prober" }) {
+		// Without a prober (nothing to probe), /app-health/... gets Istio's 400.
 		cfg.AppProbes = status.NewProbeForwarder(filepath.Join(a.opts.Root, ProbeSocket), a.log.Named("status"))
 	}
 	if !a.opts.DisableEnvoy {
