@@ -1,7 +1,8 @@
 # agentd: `make run` starts it locally on the embedded default; `make test` is the test suite.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+BUILDINFO := github.com/agentd/agentd/internal/buildinfo
+LDFLAGS := -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Commit=$(COMMIT)
 BIN     ?= bin
 
 .PHONY: build test run fuzz proto bench

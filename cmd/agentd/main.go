@@ -10,12 +10,6 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// Set at build time with -ldflags "-X main.version=... -X main.commit=...".
-var (
-	version = "dev"
-	commit  = "unknown"
-)
-
 func main() {
 	if serveHelper(os.Args[0]) {
 		return
