@@ -107,9 +107,9 @@ func dnsSockets(addr, resolvConf string) ([]supervisor.Socket, error) {
 			return nil, err
 		}
 		_, port, _ = net.SplitHostPort(a) // port 0 becomes one port for both families
-		udp, tcp := dnsproxy.SocketUDP, dnsproxy.SocketTCP
+		udp, tcp := agentv1.SocketDNSUDP, agentv1.SocketDNSTCP
 		if ip, err := netip.ParseAddr(h); err == nil && ip.Is6() && !ip.Is4In6() {
-			udp, tcp = dnsproxy.SocketUDP6, dnsproxy.SocketTCP6
+			udp, tcp = agentv1.SocketDNSUDP6, agentv1.SocketDNSTCP6
 		}
 		sockets = append(sockets,
 			supervisor.Socket{Name: udp, Network: "udp", Address: a},

@@ -29,7 +29,7 @@ func (a *Agent) prober() (*supervisor.Child, error) {
 	if cfg == nil || err != nil {
 		return nil, err
 	}
-	return a.helper("prober", cfg, supervisor.Socket{Name: prober.SocketName, Network: "unix", Address: ProbeSocket}), nil
+	return a.helper("prober", cfg, supervisor.Socket{Name: agentv1.SocketProbe, Network: "unix", Address: ProbeSocket}), nil
 }
 
 // proberConfig is the prober's configuration, or nil when there is nothing to probe: no app

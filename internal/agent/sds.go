@@ -46,14 +46,14 @@ func (a *Agent) sdsServer() (*supervisor.Child, error) {
 		a.log.Info("a live SDS server owns the workload socket: serving files only", "socket", workload, "files_socket", sdsFilesSocket)
 		cfg.FilesOnly, cfg.CaAddress = true, ""
 		return a.helper("sds-server", cfg, supervisor.Socket{
-			Name: sds.SocketFiles, Network: "unix", Address: sdsFilesSocket, Mode: 0o666,
+			Name: agentv1.SocketSDSFiles, Network: "unix", Address: sdsFilesSocket, Mode: 0o666,
 		}), nil
 	}
 	if name != "socket" {
 		return nil, fmt.Errorf("WORKLOAD_IDENTITY_SOCKET_FILE %q: no live SDS server at %s", name, workload)
 	}
 	return a.helper("sds-server", cfg, supervisor.Socket{
-		Name: sds.SocketWorkload, Network: "unix", Address: workload, Mode: 0o666,
+		Name: agentv1.SocketSDSWorkload, Network: "unix", Address: workload, Mode: 0o666,
 	}), nil
 }
 

@@ -106,7 +106,7 @@ func TestSDSSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Sockets[0]; s.Name != sds.SocketWorkload || s.Address != sdsSocketDir+"/socket" {
+	if s := c.Sockets[0]; s.Name != agentv1.SocketSDSWorkload || s.Address != sdsSocketDir+"/socket" {
 		t.Errorf("socket = %+v, want the workload socket", s)
 	}
 	path := filepath.Join(root, sdsSocketDir, "socket")
@@ -119,7 +119,7 @@ func TestSDSSocket(t *testing.T) {
 	if c, err = a.sdsServer(); err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Sockets[0]; s.Name != sds.SocketFiles || s.Address != sdsFilesSocket {
+	if s := c.Sockets[0]; s.Name != agentv1.SocketSDSFiles || s.Address != sdsFilesSocket {
 		t.Errorf("socket with a live SDS server = %+v, want the files socket", s)
 	}
 }

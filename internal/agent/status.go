@@ -13,10 +13,11 @@ import (
 	"sync"
 	"time"
 
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/status"
 	"github.com/agentd/agentd/internal/supervisor"
@@ -171,7 +172,7 @@ func (a *Agent) helperMetrics(ctx context.Context) []status.MetricsSource {
 
 // nameTable is the retained name table on the bus, for /debug/ndsz.
 func (a *Agent) nameTable() *ndsv1.NameTable {
-	m := a.bus.Retained(component.TopicNameTable)
+	m := a.bus.Retained(agentv1.TopicNameTable)
 	if m == nil {
 		return nil
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/agentd/agentd/internal/grpcbootstrap"
 	"github.com/agentd/agentd/internal/sds"
 	"github.com/agentd/agentd/internal/supervisor"
-	"github.com/agentd/agentd/internal/xdsproxy"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -46,7 +45,7 @@ func (a *Agent) xdsProxy() (*supervisor.Child, error) {
 		return nil, err
 	}
 	return a.helper("xds-proxy", cfg, supervisor.Socket{
-		Name: xdsproxy.Socket, Network: "unix", Address: xdsSocket, Mode: 0o666,
+		Name: agentv1.SocketXDS, Network: "unix", Address: xdsSocket, Mode: 0o666,
 	}), nil
 }
 

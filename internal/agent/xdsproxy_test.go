@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/agentd/agentd/internal/grpcbootstrap"
-	"github.com/agentd/agentd/internal/xdsproxy"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -95,7 +94,7 @@ func TestXDSProxyConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Sockets[0]; s.Name != xdsproxy.Socket || s.Network != "unix" || s.Address != "etc/istio/proxy/XDS" || s.Mode != 0o666 {
+	if s := c.Sockets[0]; s.Name != agentv1.SocketXDS || s.Network != "unix" || s.Address != "etc/istio/proxy/XDS" || s.Mode != 0o666 {
 		t.Errorf("socket = %+v, want unix etc/istio/proxy/XDS 0666", s)
 	}
 }

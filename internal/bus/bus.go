@@ -14,17 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/memory"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
-
-// payloadTypes is the payload type of each known topic: a message of another type is refused,
-// so one broken publisher cannot hand every subscriber something it cannot decode.
-var payloadTypes = map[string]string{
-	component.TopicNameTable:      "type.googleapis.com/istio.networking.nds.v1.NameTable",
-	component.TopicWorkloadHealth: "type.googleapis.com/agentd.agent.v1.WorkloadHealth",
-	component.TopicTrustBundle:    "type.googleapis.com/agentd.agent.v1.TrustBundle",
-}
 
 // Broker is the bus. It serves helpers over gRPC (agentv1.BusServer) and agentd in-process.
 //
@@ -54,11 +46,11 @@ func (b *Broker) Publish(topic string, payload *anypb.Any) (*agentv1.BusMessage,
 	if topic == "" {
 		return nil, fmt.Errorf("publish: empty topic")
 	}
-	if want, ok := payloadTypes[topic]; ok && payload.GetTypeUrl() != want {
+	if want, ok := agentv1.TopicPayloads[topic]; ok && payload.GetTypeUrl() != want {
 		return nil, fmt.Errorf("publish %s: payload is %q, want %q", topic, payload.GetTypeUrl(), want)
 	}
-	if len(payload.GetValue()) >= component.LargeMessage {
-		defer component.ReleaseMemory() // its decoding's garbage, and the message it replaces
+	if len(payload.GetValue()) >= memory.Large {
+		defer memory.Release() // its decoding's garbage, and the message it replaces
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -134,14 +134,14 @@ func TestSlowSubscriberDoesNotBlockPublisher(t *testing.T) {
 
 func TestWrongPayloadTypeRefused(t *testing.T) {
 	b := New()
-	if _, err := b.Publish(component.TopicNameTable, str("not a table")); err == nil {
+	if _, err := b.Publish(agentv1.TopicNameTable, str("not a table")); err == nil {
 		t.Fatal("a StringValue was accepted as the name table")
 	}
-	if b.Retained(component.TopicNameTable) != nil {
+	if b.Retained(agentv1.TopicNameTable) != nil {
 		t.Fatal("the refused message was retained")
 	}
 	table, _ := anypb.New(&ndsv1.NameTable{})
-	if _, err := b.Publish(component.TopicNameTable, table); err != nil {
+	if _, err := b.Publish(agentv1.TopicNameTable, table); err != nil {
 		t.Fatalf("a NameTable was refused: %v", err)
 	}
 	if _, err := b.Publish("", table); err == nil {
@@ -171,7 +171,7 @@ func TestOverGRPC(t *testing.T) {
 	if err := client.Publish(ctx, "t", wrapperspb.String("hello")); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.Publish(ctx, component.TopicNameTable, wrapperspb.String("bad")); err == nil {
+	if err := client.Publish(ctx, agentv1.TopicNameTable, wrapperspb.String("bad")); err == nil {
 		t.Error("a wrong payload type was accepted over gRPC")
 	}
 	got := make(chan string, 1)

@@ -10,19 +10,6 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// Bus topics. Payloads: TopicNameTable ndsv1.NameTable, TopicWorkloadHealth
-// agentv1.WorkloadHealth, TopicTrustBundle agentv1.TrustBundle.
-const (
-	TopicNameTable      = "name-table"
-	TopicWorkloadHealth = "workload-health"
-	TopicTrustBundle    = "trust-bundle"
-)
-
-// MaxBusMessage is the largest message a helper may publish: gRPC's default of 4 MiB would
-// refuse the name table of a mesh of about 50 000 names (measured: 60 000 names are 4.6 MB).
-// The helpers' side of go-plugin's connection already receives messages of any size.
-const MaxBusMessage = 64 << 20
-
 // Bus is a helper's client of the bus agentd serves.
 type Bus struct {
 	client agentv1.BusClient

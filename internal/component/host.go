@@ -108,7 +108,7 @@ func start(ctx context.Context, client *plugin.Client, s Spec) (*Process, error)
 	hs := raw.(*hostSide)
 	busID := hs.broker.NextId()
 	go hs.broker.AcceptAndServe(busID, func(opts []grpc.ServerOption) *grpc.Server {
-		g := grpc.NewServer(append(opts, grpc.MaxRecvMsgSize(MaxBusMessage))...)
+		g := grpc.NewServer(append(opts, grpc.MaxRecvMsgSize(agentv1.MaxBusMessage))...)
 		agentv1.RegisterBusServer(g, s.Bus)
 		return g
 	})

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
@@ -134,12 +136,12 @@ func TestSotW(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	send(&discoveryv3.DiscoveryRequest{Node: node("sidecar~10.0.0.1~a.default~default.svc.cluster.local", "envoy"), TypeUrl: devplane.NameTableType})
+	send(&discoveryv3.DiscoveryRequest{Node: node("sidecar~10.0.0.1~a.default~default.svc.cluster.local", "envoy"), TypeUrl: agentv1.TypeNameTable})
 	resp, err := stream.Recv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.TypeUrl != devplane.NameTableType || len(resp.Resources) != 1 {
+	if resp.TypeUrl != agentv1.TypeNameTable || len(resp.Resources) != 1 {
 		t.Fatalf("NDS response: type %s with %d resources", resp.TypeUrl, len(resp.Resources))
 	}
 	var nt ndsv1.NameTable
@@ -149,7 +151,7 @@ func TestSotW(t *testing.T) {
 	if d := cmp.Diff(wantNameTable(), &nt, protocmp.Transform()); d != "" {
 		t.Errorf("name table (-want +got):\n%s", d)
 	}
-	send(&discoveryv3.DiscoveryRequest{TypeUrl: devplane.NameTableType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce})
+	send(&discoveryv3.DiscoveryRequest{TypeUrl: agentv1.TypeNameTable, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce})
 
 	send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
 	resp, err = stream.Recv()
@@ -206,8 +208,8 @@ func TestDelta(t *testing.T) {
 		send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.Nonce})
 		return resp
 	}
-	send(&discoveryv3.DeltaDiscoveryRequest{Node: node("proxyless-1", "grpc"), TypeUrl: devplane.NameTableType})
-	if resp := recv(devplane.NameTableType); len(resp.Resources) != 1 {
+	send(&discoveryv3.DeltaDiscoveryRequest{Node: node("proxyless-1", "grpc"), TypeUrl: agentv1.TypeNameTable})
+	if resp := recv(agentv1.TypeNameTable); len(resp.Resources) != 1 {
 		t.Fatalf("NDS: %d resources, want 1", len(resp.Resources))
 	}
 	send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType,

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -22,7 +24,6 @@ import (
 
 // Type URLs istiod serves or receives beside Envoy's.
 const (
-	NameTableType  = "type.googleapis.com/istio.networking.nds.v1.NameTable"
 	HealthInfoType = "type.googleapis.com/istio.v1.HealthInformation"
 )
 
@@ -68,12 +69,12 @@ func New(ctx context.Context, log hclog.Logger) *Server {
 	s := &Server{
 		log:        log,
 		snapshots:  cachev3.NewSnapshotCache(false, generatorHash{}, nil),
-		names:      cachev3.NewLinearCache(NameTableType),
+		names:      cachev3.NewLinearCache(agentv1.TypeNameTable),
 		health:     map[string]HealthReport{},
 		deltaNodes: map[int64]*corev3.Node{},
 	}
 	// NDS and health reports have caches of their own; every other type is a snapshot's.
-	caches := map[string]cachev3.Cache{"": s.snapshots, NameTableType: s.names, HealthInfoType: sink{}}
+	caches := map[string]cachev3.Cache{"": s.snapshots, agentv1.TypeNameTable: s.names, HealthInfoType: sink{}}
 	pick := func(typeURL string) string {
 		if _, ok := caches[typeURL]; ok {
 			return typeURL

@@ -11,17 +11,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/memory"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
-)
-
-// The names of the sockets agentd hands down: UDP and TCP on 127.0.0.1, and on ::1 when
-// Istio would listen there too. Each pair is optional, but at least one must be there.
-const (
-	SocketUDP  = "dns-udp"
-	SocketTCP  = "dns-tcp"
-	SocketUDP6 = "dns-udp6"
-	SocketTCP6 = "dns-tcp6"
 )
 
 // DefaultResolvConf is where the upstream nameservers come from unless configured.
@@ -103,7 +95,7 @@ func ServerConfig(c *agentv1.DNSProxyConfig) (Config, error) {
 func inheritedSockets(env *component.Env) ([]net.PacketConn, []net.Listener, error) {
 	var udp []net.PacketConn
 	var tcp []net.Listener
-	for _, pair := range [][2]string{{SocketUDP, SocketTCP}, {SocketUDP6, SocketTCP6}} {
+	for _, pair := range [][2]string{{agentv1.SocketDNSUDP, agentv1.SocketDNSTCP}, {agentv1.SocketDNSUDP6, agentv1.SocketDNSTCP6}} {
 		if env.HasSocket(pair[0]) {
 			pc, err := env.PacketConn(pair[0])
 			if err != nil {
@@ -120,7 +112,7 @@ func inheritedSockets(env *component.Env) ([]net.PacketConn, []net.Listener, err
 		}
 	}
 	if len(udp)+len(tcp) == 0 {
-		return nil, nil, fmt.Errorf("no DNS socket inherited: want %q and %q, or %q and %q", SocketUDP, SocketTCP, SocketUDP6, SocketTCP6)
+		return nil, nil, fmt.Errorf("no DNS socket inherited: want %q and %q, or %q and %q", agentv1.SocketDNSUDP, agentv1.SocketDNSTCP, agentv1.SocketDNSUDP6, agentv1.SocketDNSTCP6)
 	}
 	return udp, tcp, nil
 }
@@ -159,7 +151,7 @@ func (h *Helper) Ready() error { return h.srv.Ready() }
 func (h *Helper) followNameTable(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for {
-		err := h.bus.Subscribe(ctx, []string{component.TopicNameTable}, h.onNameTable)
+		err := h.bus.Subscribe(ctx, []string{agentv1.TopicNameTable}, h.onNameTable)
 		if ctx.Err() != nil {
 			return
 		}
@@ -188,5 +180,5 @@ func (h *Helper) onNameTable(m *agentv1.BusMessage) {
 	t := h.srv.SetNameTable(&nt)
 	h.once.Do(func() { close(h.firstTable) })
 	h.log.Info("name table updated", "entries", t.Entries(), "names", t.Len(), "first", first, "build", time.Since(start))
-	component.ReleaseMemory() // a build's garbage is several times the table it leaves
+	memory.Release() // a build's garbage is several times the table it leaves
 }

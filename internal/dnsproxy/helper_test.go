@@ -59,7 +59,7 @@ func (b *testBus) publish(t *testing.T, nt *ndsv1.NameTable) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.broker.Publish(component.TopicNameTable, payload); err != nil {
+	if _, err := b.broker.Publish(agentv1.TopicNameTable, payload); err != nil {
 		t.Fatal(err)
 	}
 }

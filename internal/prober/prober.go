@@ -27,9 +27,6 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// SocketName is the name of the inherited socket the prober serves app probes on.
-const SocketName = "probe"
-
 // Prober is the prober helper.
 type Prober struct {
 	log      hclog.Logger
@@ -49,7 +46,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err := env.UnmarshalConfig(cfg); err != nil {
 		return nil, err
 	}
-	l, err := env.Listener(SocketName)
+	l, err := env.Listener(agentv1.SocketProbe)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +142,7 @@ func (p *Prober) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
 	if p.bus == nil {
 		return nil
 	}
-	return p.bus.Publish(ctx, component.TopicWorkloadHealth, h)
+	return p.bus.Publish(ctx, agentv1.TopicWorkloadHealth, h)
 }
 
 type metrics struct {

@@ -15,13 +15,6 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// The names of the sockets agentd hands down: the workload SDS socket, or the files-only one
-// when another SDS server owns the workload socket.
-const (
-	SocketWorkload = "sds"
-	SocketFiles    = "sds-files"
-)
-
 // DefaultTokenFile is Istio's istio-ca audience token (third-party JWT).
 const DefaultTokenFile = "var/run/secrets/tokens/istio-token"
 
@@ -40,9 +33,9 @@ func New(env *component.Env) (component.Helper, error) {
 	if err := env.UnmarshalConfig(&c); err != nil {
 		return nil, err
 	}
-	socket := SocketWorkload
+	socket := agentv1.SocketSDSWorkload
 	if c.GetFilesOnly() {
-		socket = SocketFiles
+		socket = agentv1.SocketSDSFiles
 	}
 	l, err := env.Listener(socket)
 	if err != nil {
@@ -130,7 +123,7 @@ func (h *Helper) Run(ctx context.Context) error {
 func (h *Helper) subscribe(ctx context.Context) {
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := h.bus.Subscribe(ctx, []string{component.TopicTrustBundle}, func(m *agentv1.BusMessage) {
+		err := h.bus.Subscribe(ctx, []string{agentv1.TopicTrustBundle}, func(m *agentv1.BusMessage) {
 			var tb agentv1.TrustBundle
 			if err := m.GetPayload().UnmarshalTo(&tb); err != nil {
 				h.log.Warn("bad trust bundle on the bus", "error", err)

@@ -6,6 +6,8 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
 func TestFrameTypeURL(t *testing.T) {
@@ -25,9 +27,9 @@ func TestFrameTypeURL(t *testing.T) {
 		fails bool
 	}{
 		{"sotw request", marshal(&discoveryv3.DiscoveryRequest{VersionInfo: "1", TypeUrl: ListenerType, ResourceNames: []string{"a"}}), sotw, false, ListenerType, false},
-		{"delta request", marshal(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: NameTableType, ResourceNamesSubscribe: []string{"x"}}), delta, false, NameTableType, false},
+		{"delta request", marshal(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: agentv1.TypeNameTable, ResourceNamesSubscribe: []string{"x"}}), delta, false, agentv1.TypeNameTable, false},
 		{"sotw response", marshal(&discoveryv3.DiscoveryResponse{TypeUrl: ListenerType, Nonce: "n"}), sotw, true, ListenerType, false},
-		{"delta response", marshal(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: NameTableType}), delta, true, NameTableType, false},
+		{"delta response", marshal(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: agentv1.TypeNameTable}), delta, true, agentv1.TypeNameTable, false},
 		{"empty", nil, sotw, true, "", false},
 		{"truncated", marshal(&discoveryv3.DiscoveryResponse{TypeUrl: ListenerType})[:5], sotw, true, "", true},
 		{"garbage", []byte{0xff, 0xff, 0xff}, sotw, true, "", true},

@@ -13,9 +13,6 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// Socket is the name of the socket agentd hands down: Istio's etc/istio/proxy/XDS.
-const Socket = "xds"
-
 // Helper is xds-proxy as an agentd helper: the proxy on the inherited socket, with health
 // reports from the bus.
 type Helper struct {
@@ -31,7 +28,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err := env.UnmarshalConfig(&c); err != nil {
 		return nil, err
 	}
-	l, err := env.Listener(Socket)
+	l, err := env.Listener(agentv1.SocketXDS)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +71,7 @@ func (h *Helper) Run(ctx context.Context) error {
 		return h.proxy.Serve(ctx, h.l)
 	})
 	g.Go(func() error {
-		return h.bus.Subscribe(ctx, []string{component.TopicWorkloadHealth}, func(m *agentv1.BusMessage) {
+		return h.bus.Subscribe(ctx, []string{agentv1.TopicWorkloadHealth}, func(m *agentv1.BusMessage) {
 			var health agentv1.WorkloadHealth
 			if err := m.GetPayload().UnmarshalTo(&health); err != nil {
 				h.proxy.log.Error("ignoring a health report that does not decode", "error", err)
@@ -89,7 +86,7 @@ func (h *Helper) Run(ctx context.Context) error {
 // Ready is nil once the proxy serves its socket.
 func (h *Helper) Ready() error {
 	if !h.serving.Load() {
-		return fmt.Errorf("not serving %s yet", Socket)
+		return fmt.Errorf("not serving %s yet", agentv1.SocketXDS)
 	}
 	return nil
 }

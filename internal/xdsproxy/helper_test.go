@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/devplane/devplanetest"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
@@ -57,7 +56,7 @@ func TestHelper(t *testing.T) {
 	waitFor(t, "ready", func() bool { return h.Ready() == nil })
 
 	health, _ := anypb.New(&agentv1.WorkloadHealth{Healthy: false, Message: "app down"})
-	if _, err := b.broker.Publish(component.TopicWorkloadHealth, health); err != nil {
+	if _, err := b.broker.Publish(agentv1.TopicWorkloadHealth, health); err != nil {
 		t.Fatal(err)
 	}
 	s := flavours[1].open(t, adsClient(t, "unix://"+sock))

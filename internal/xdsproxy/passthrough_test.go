@@ -31,7 +31,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
-	"github.com/agentd/agentd/internal/component"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -142,11 +141,11 @@ func TestMalformedUpstream(t *testing.T) {
 			s := openRaw(t, tp.uri(), f)
 			s.send(t, encodeRequest(t, f, ListenerType))
 			<-up.opened
-			up.nextRequest(t, NameTableType)
+			up.nextRequest(t, agentv1.TypeNameTable)
 
-			up.send <- encodeResponse(t, f, NameTableType, "nds-1", &anypb.Any{TypeUrl: NameTableType, Value: []byte{0xff, 0xff, 0xff}})
+			up.send <- encodeResponse(t, f, agentv1.TypeNameTable, "nds-1", &anypb.Any{TypeUrl: agentv1.TypeNameTable, Value: []byte{0xff, 0xff, 0xff}})
 			nack := f.request("", nil)
-			if err := proto.Unmarshal(up.nextRequest(t, NameTableType).data, nack); err != nil {
+			if err := proto.Unmarshal(up.nextRequest(t, agentv1.TypeNameTable).data, nack); err != nil {
 				t.Fatal(err)
 			}
 			nonce, detail := nonceAndDetail(nack)
@@ -333,27 +332,27 @@ func TestProxyConfigConsumed(t *testing.T) {
 			s := openRaw(t, tp.uri(), f)
 			s.send(t, encodeRequest(t, f, ListenerType))
 			<-up.opened
-			up.nextRequest(t, ProxyConfigType)
+			up.nextRequest(t, agentv1.TypeProxyConfig)
 
 			if f == sotw {
-				up.send <- mustMarshal(t, &discoveryv3.DiscoveryResponse{TypeUrl: ProxyConfigType, Nonce: "pc-0"})
+				up.send <- mustMarshal(t, &discoveryv3.DiscoveryResponse{TypeUrl: agentv1.TypeProxyConfig, Nonce: "pc-0"})
 			} else {
-				up.send <- mustMarshal(t, &discoveryv3.DeltaDiscoveryResponse{TypeUrl: ProxyConfigType, Nonce: "pc-0"})
+				up.send <- mustMarshal(t, &discoveryv3.DeltaDiscoveryResponse{TypeUrl: agentv1.TypeProxyConfig, Nonce: "pc-0"})
 			}
 			pc, err := anypb.New(&meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{"root-1", "root-2"}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			up.send <- encodeResponse(t, f, ProxyConfigType, "pc-1", pc)
+			up.send <- encodeResponse(t, f, agentv1.TypeProxyConfig, "pc-1", pc)
 			ack := f.request("", nil)
-			if err := proto.Unmarshal(up.nextRequest(t, ProxyConfigType).data, ack); err != nil {
+			if err := proto.Unmarshal(up.nextRequest(t, agentv1.TypeProxyConfig).data, ack); err != nil {
 				t.Fatal(err)
 			}
 			if nonce, detail := nonceAndDetail(ack); nonce != "pc-1" || detail != nil {
 				t.Errorf("first PCDS request after the responses: nonce %q, detail %v; want the ACK of pc-1 (none for the empty pc-0)", nonce, detail)
 			}
 			var tb agentv1.TrustBundle
-			tp.bus.waitRetained(t, component.TopicTrustBundle, &tb)
+			tp.bus.waitRetained(t, agentv1.TopicTrustBundle, &tb)
 			if got := tb.GetCaCertificatesPem(); len(got) != 2 || got[0] != "root-1" || got[1] != "root-2" {
 				t.Errorf("trust bundle = %v, want [root-1 root-2]", got)
 			}

@@ -23,18 +23,15 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
-	"github.com/agentd/agentd/internal/component"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
 // Type URLs the proxy treats specially.
 const (
-	NameTableType   = "type.googleapis.com/istio.networking.nds.v1.NameTable"
-	ProxyConfigType = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
-	HealthInfoType  = "type.googleapis.com/istio.v1.HealthInformation"
-	ListenerType    = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	workloadType    = "type.googleapis.com/istio.workload.Workload"
+	HealthInfoType = "type.googleapis.com/istio.v1.HealthInformation"
+	ListenerType   = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	workloadType   = "type.googleapis.com/istio.workload.Workload"
 )
 
 // slowSend is how long a send to the client may take before it is logged.
@@ -164,9 +161,9 @@ func (p *Proxy) DeltaAggregatedResources(down discoveryv3.AggregatedDiscoverySer
 // handler returns how the proxy consumes responses of typeURL, or nil to forward them.
 func (p *Proxy) handler(typeURL string) func(context.Context, *anypb.Any) error {
 	switch {
-	case typeURL == NameTableType && p.cfg.NameTable:
+	case typeURL == agentv1.TypeNameTable && p.cfg.NameTable:
 		return p.publishNameTable
-	case typeURL == ProxyConfigType && p.cfg.ProxyConfig:
+	case typeURL == agentv1.TypeProxyConfig && p.cfg.ProxyConfig:
 		return p.publishTrustBundle
 	}
 	return nil
@@ -177,7 +174,7 @@ func (p *Proxy) publishNameTable(ctx context.Context, a *anypb.Any) error {
 	if err := a.UnmarshalTo(nt); err != nil {
 		return fmt.Errorf("decode name table: %w", err)
 	}
-	return p.bus.Publish(ctx, component.TopicNameTable, nt)
+	return p.bus.Publish(ctx, agentv1.TopicNameTable, nt)
 }
 
 func (p *Proxy) publishTrustBundle(ctx context.Context, a *anypb.Any) error {
@@ -185,7 +182,7 @@ func (p *Proxy) publishTrustBundle(ctx context.Context, a *anypb.Any) error {
 	if err := a.UnmarshalTo(pc); err != nil {
 		return fmt.Errorf("decode proxy config: %w", err)
 	}
-	return p.bus.Publish(ctx, component.TopicTrustBundle, &agentv1.TrustBundle{CaCertificatesPem: pc.GetCaCertificatesPem()})
+	return p.bus.Publish(ctx, agentv1.TopicTrustBundle, &agentv1.TrustBundle{CaCertificatesPem: pc.GetCaCertificatesPem()})
 }
 
 // forwarded reports whether responses of typeURL may reach the client, as Istio filters them.

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/devplane/devplanetest"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
@@ -48,7 +47,7 @@ func TestProxylessClients(t *testing.T) {
 	}
 	// The name table went to the bus, not to the clients (which would have failed on it).
 	var nt ndsv1.NameTable
-	tp.bus.waitRetained(t, component.TopicNameTable, &nt)
+	tp.bus.waitRetained(t, agentv1.TopicNameTable, &nt)
 	if _, ok := nt.Table["reviews.default.svc.cluster.local"]; !ok {
 		t.Errorf("published name table %v lacks the service", nt.Table)
 	}
@@ -170,7 +169,7 @@ func TestNameTableConsumed(t *testing.T) {
 			s.subscribe(t, resourcev3.ListenerType, testNode("sidecar~10.0.0.1~a.default~default.svc.cluster.local", "envoy"))
 
 			var nt ndsv1.NameTable
-			tp.bus.waitRetained(t, component.TopicNameTable, &nt)
+			tp.bus.waitRetained(t, agentv1.TopicNameTable, &nt)
 			want := &ndsv1.NameTable{Table: map[string]*ndsv1.NameTable_NameInfo{"reviews.default.svc.cluster.local": {
 				Ips: []string{"10.96.0.12"}, Registry: "Kubernetes", Shortname: "reviews", Namespace: "default",
 			}}}
@@ -182,7 +181,7 @@ func TestNameTableConsumed(t *testing.T) {
 			s.subscribe(t, resourcev3.ClusterType, nil)
 			for {
 				r := s.recv(t)
-				if r.typeURL == NameTableType {
+				if r.typeURL == agentv1.TypeNameTable {
 					t.Fatal("the client received the name table")
 				}
 				s.ack(t, r, "")

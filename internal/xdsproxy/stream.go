@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/memory"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -219,10 +219,10 @@ func (s *pipe) receiveRequests() {
 // subscriptions and the last health report, as Istio does.
 func (s *pipe) sendInitialRequests() {
 	if s.p.cfg.NameTable {
-		s.requests.put(s.f.request(NameTableType, nil))
+		s.requests.put(s.f.request(agentv1.TypeNameTable, nil))
 	}
 	if s.p.cfg.ProxyConfig {
-		s.requests.put(s.f.request(ProxyConfigType, nil))
+		s.requests.put(s.f.request(agentv1.TypeProxyConfig, nil))
 	}
 	s.initialSent.Store(true)
 	if h := s.p.currentHealth(); h != nil {
@@ -287,8 +287,8 @@ func (s *pipe) handleResponses(ctx context.Context) {
 // upstream, forwards an Envoy type to the client, and drops anything else.
 func (s *pipe) handleResponse(ctx context.Context, resp *frame) error {
 	s.p.metrics.responses.Inc()
-	if len(resp.data) >= component.LargeMessage {
-		defer component.ReleaseMemory()
+	if len(resp.data) >= memory.Large {
+		defer memory.Release()
 	}
 	if h := s.p.handler(resp.typeURL); h != nil {
 		ack, err := s.f.consume(resp.data, func(a *anypb.Any) error {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+
 	"github.com/agentd/agentd/internal/logbuf"
 
 	"github.com/miekg/dns"
@@ -22,7 +24,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/agentd/agentd/internal/agent"
-	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/control"
 	"github.com/agentd/agentd/internal/supervisor"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
@@ -151,7 +152,7 @@ func (a *dnsAgent) publishTable(t *testing.T, nt *ndsv1.NameTable) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := control.NewClient(agent.ControlSocket(a.Root)).Publish(ctx, component.TopicNameTable, js); err != nil {
+	if err := control.NewClient(agent.ControlSocket(a.Root)).Publish(ctx, agentv1.TopicNameTable, js); err != nil {
 		t.Fatalf("publish name table: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package component
+package memory
 
 import (
 	"runtime"
@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// TestReleaseMemory: the memory of a large transient allocation goes back to the system after
-// ReleaseMemory, where the runtime alone keeps it for minutes: freed small objects, and
+// TestRelease: the memory of a large transient allocation goes back to the system after
+// Release, where the runtime alone keeps it for minutes: freed small objects, and
 // buffers left in a sync.Pool (gRPC keeps the frames it read in such pools).
-func TestReleaseMemory(t *testing.T) {
+func TestRelease(t *testing.T) {
 	releaseDelay = 10 * time.Millisecond
 	t.Cleanup(func() { releaseDelay = time.Second })
 	// held is what the heap holds from the system: in use, or free but not given back.
@@ -42,18 +42,18 @@ func TestReleaseMemory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			debug.FreeOSMemory()
 			base := held()
-			// No collection but ReleaseMemory's: the pool keeps all until then.
+			// No collection but Release's: the pool keeps all until then.
 			defer debug.SetGCPercent(debug.SetGCPercent(-1))
 			tc.fill()
 			if held() < base+32<<20 {
 				t.Skipf("the heap holds only %d MB more after the fill: nothing to test", (held()-base)>>20)
 			}
-			ReleaseMemory()
-			ReleaseMemory() // folded into the first
+			Release()
+			Release() // folded into the first
 			deadline := time.Now().Add(10 * time.Second)
 			for held() >= base+16<<20 {
 				if time.Now().After(deadline) {
-					t.Fatalf("the heap still holds %d MB more than before the fill after ReleaseMemory", (held()-base)>>20)
+					t.Fatalf("the heap still holds %d MB more than before the fill after Release", (held()-base)>>20)
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
