@@ -1,4 +1,7 @@
-package prober
+// Package kubeprobe is ISTIO_KUBE_APP_PROBERS: the kubelet probes Istio's injector rewrites to the
+// status port, serialised as JSON, and Istio's rules for them. The prober runs them; agentd
+// checks them at start, with Istio's messages.
+package kubeprobe
 
 import (
 	"encoding/json"

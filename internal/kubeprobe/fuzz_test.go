@@ -1,4 +1,4 @@
-package prober
+package kubeprobe
 
 import "testing"
 
