@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -10,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/agentd/agentd/internal/agent"
+	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
@@ -18,6 +20,9 @@ var rootFlag = &cli.StringFlag{
 	Name: "root", Value: ".", Usage: "directory Istio's relative paths (etc/istio/proxy, var/run/...) live under",
 }
 
+// runCommand is agentd's own command line. Istio's environment variables (DISABLE_ENVOY,
+// DNS_PROXY_ADDR, ...) are read by the settings table, as for `agentd proxy`; a flag given
+// here wins over its variable.
 func runCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "run",
@@ -25,12 +30,12 @@ func runCommand() *cli.Command {
 		Flags: []cli.Flag{
 			rootFlag,
 			&cli.StringFlag{Name: "helpers-dir", Usage: "directory of the helper binaries (default: agentd's own)"},
-			&cli.BoolFlag{Name: "disable-envoy", EnvVars: []string{"DISABLE_ENVOY"}, Usage: "run without Envoy (proxyless gRPC)"},
+			&cli.BoolFlag{Name: "disable-envoy", Usage: "run without Envoy (proxyless gRPC; or DISABLE_ENVOY=true)"},
 			&cli.StringFlag{Name: "envoy-binary", Usage: "Envoy's path (default: ProxyConfig binaryPath, /usr/local/bin/envoy, else envoy on PATH)"},
 			&cli.StringFlag{Name: "discovery-address", Usage: "upstream xDS server (default: ProxyConfig discoveryAddress, istiod.istio-system.svc:15012)"},
-			&cli.StringFlag{Name: "dns-address", Value: "localhost:15053", EnvVars: []string{"DNS_PROXY_ADDR"}, Usage: "dns-proxy's UDP and TCP address"},
-			&cli.StringFlag{Name: "resolv-conf", Value: "/etc/resolv.conf", Usage: "dns-proxy's upstream nameservers and search list"},
-			&cli.IntFlag{Name: "status-port", Value: 15020, Usage: "status server port"},
+			&cli.StringFlag{Name: "dns-address", Usage: "dns-proxy's UDP and TCP address (default: DNS_PROXY_ADDR, localhost:15053)"},
+			&cli.StringFlag{Name: "resolv-conf", Usage: "dns-proxy's upstream nameservers and search list (default: /etc/resolv.conf)"},
+			&cli.IntFlag{Name: "status-port", Usage: "status server port (default: ProxyConfig statusPort, 15020)"},
 			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "how long the start waits for a helper to be ready before it starts Envoy anyway"},
 			&cli.DurationFlag{Name: "drain-timeout", Value: supervisor.DefaultDrainTimeout, Usage: "time a child has to drain when stopped"},
 			&cli.DurationFlag{Name: "stop-timeout", Value: supervisor.DefaultStopTimeout, Usage: "time a drained child has to exit before SIGKILL"},
@@ -42,7 +47,7 @@ func runCommand() *cli.Command {
 				Name: "agentd", Level: hclog.LevelFromString(c.String("log-level")), JSONFormat: c.Bool("log-json"),
 				Output: os.Stderr,
 			})
-			a, err := agent.New(agent.Options{
+			return runAgent(log, settings.Flags{
 				Root:             c.String("root"),
 				HelpersDir:       c.String("helpers-dir"),
 				DisableEnvoy:     c.Bool("disable-envoy"),
@@ -51,33 +56,39 @@ func runCommand() *cli.Command {
 				DNSAddress:       c.String("dns-address"),
 				ResolvConf:       c.String("resolv-conf"),
 				StatusPort:       c.Int("status-port"),
-				Env:              os.Environ(),
-				Log:              log,
 				ReadyTimeout:     c.Duration("ready-timeout"),
 				DrainTimeout:     c.Duration("drain-timeout"),
 				StopTimeout:      c.Duration("stop-timeout"),
 			})
-			if err != nil {
-				return err
-			}
-			return a.Run(signalContext(log, a))
 		},
 	}
 }
 
-// signalContext ends at the first SIGTERM or SIGINT (graceful stop); a second one kills the
-// children still running and lets agentd exit at once.
-func signalContext(log hclog.Logger, a *agent.Agent) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
+// runAgent resolves the settings, builds agentd and runs it until a signal stops it: the
+// first SIGTERM or SIGINT stops gracefully, the second at once.
+func runAgent(log hclog.Logger, flags settings.Flags) error {
+	s, err := settings.Resolve(flags, os.Environ(), log)
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(s, log)
+	if err != nil {
+		return err
+	}
 	sigc := make(chan os.Signal, 2)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigc)
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
-		s := <-sigc
-		log.Info("signal: stopping gracefully", "signal", s)
-		cancel()
-		s = <-sigc
-		log.Warn("second signal: stopping now", "signal", s)
-		a.Kill()
+		for {
+			select {
+			case s := <-sigc:
+				a.Stop(fmt.Errorf("signal %v", s))
+			case <-done:
+				return
+			}
+		}
 	}()
-	return ctx
+	return a.Run(context.Background())
 }

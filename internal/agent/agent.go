@@ -1,28 +1,30 @@
-// Package agent is agentd's parent daemon: it builds the child table from its options, runs
-// the supervisor, the bus and the control socket, and stops them in order.
+// Package agent is agentd's parent daemon: from the resolved Settings it builds each child's
+// configuration (pure functions, one file per child) and the child table, then runs the
+// supervisor, the bus, the status server and the control socket, and stops them in order.
 package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/agentd/agentd/internal/bus"
 	"github.com/agentd/agentd/internal/control"
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/proc"
+	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
@@ -34,113 +36,197 @@ func ControlSocket(root string) string {
 	return filepath.Join(root, RunDir, control.SocketName)
 }
 
+// Why agentd stops, besides its context: Stop's causes.
+var (
+	errQuit         = errors.New("/quitquitquit called")
+	errEnvoyExited  = errors.New("Envoy exited")
+	errStatusFailed = errors.New("status server failed")
+)
+
 // Agent is a running agentd.
 type Agent struct {
-	opts     Options
+	s        *settings.Settings
+	cfg      *configs
 	log      hclog.Logger
 	bus      *bus.Broker
 	metrics  *prometheus.Registry
 	sup      *supervisor.Supervisor
 	children []supervisor.Child
-	status   *statusRun // status.go
-	// envoyDrain is shared by Envoy's processes and the status server (envoy.go).
+	// envoyDrain is shared by Envoy's processes and the status server.
 	envoyDrain envoy.DrainControl
-	// The merged ProxyConfig and Envoy's options, assembled once (envoy.go).
-	proxyCfg  *envoy.Config
-	proxyOpts envoy.ProcessOptions
-	// The gRPC xDS bootstrap written for proxyless clients and its certificates (xdsproxy.go).
+	// stops carries Stop's causes to Run: the first stops gracefully, the second at once.
+	stops chan error
+	// grpcBootstrap is the gRPC xDS bootstrap written for proxyless clients, and the
+	// certificates it names ("" when none): readiness waits for them (grpcReady).
 	grpcBootstrap, grpcCertDir string
 }
 
-// New checks the options and builds the child table; nothing starts yet.
-func New(opts Options) (*Agent, error) {
-	if opts.Log == nil {
-		opts.Log = hclog.NewNullLogger()
+// New builds every child's configuration from s and the child table; a configuration that
+// cannot work fails here, before anything starts. Nothing starts until Run.
+func New(s *settings.Settings, log hclog.Logger) (*Agent, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
 	}
-	var err error
-	if opts.Root == "" {
-		opts.Root = "."
-	}
-	if opts.Root, err = filepath.Abs(opts.Root); err != nil {
-		return nil, fmt.Errorf("root directory: %w", err)
-	}
-	if opts.HelpersDir == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find the helpers next to agentd: %w", err)
-		}
-		opts.HelpersDir = filepath.Dir(exe)
-	}
-	// systemd's variables are agentd's own: a child given LISTEN_* or NOTIFY_SOCKET would take
-	// agentd's sockets or speak for it.
-	opts.Env = slices.DeleteFunc(slices.Clone(opts.Env), func(kv string) bool {
-		k, _, _ := strings.Cut(kv, "=")
-		return k == "LISTEN_PID" || k == "LISTEN_FDS" || k == "LISTEN_FDNAMES" || k == "NOTIFY_SOCKET" ||
-			k == "WATCHDOG_USEC" || k == "WATCHDOG_PID"
-	})
-	a := &Agent{opts: opts, log: opts.Log, bus: bus.New(), metrics: prometheus.NewRegistry()}
-	if err := a.loadVM(); err != nil {
+	cfg, err := buildConfigs(s, os.Getuid())
+	if err != nil {
 		return nil, err
 	}
-	if a.opts.DiscoveryAddress == "" { // from the merged ProxyConfig, as Istio
-		cfg, _, err := a.envoyConfig()
-		if err != nil {
-			return nil, err
-		}
-		a.opts.DiscoveryAddress = cfg.ProxyConfig.GetDiscoveryAddress()
+	for _, w := range cfg.warnings {
+		log.Warn(w)
 	}
-	if a.children, err = a.buildChildren(); err != nil {
-		return nil, err
-	}
+	a := &Agent{s: s, cfg: cfg, log: log, bus: bus.New(), metrics: prometheus.NewRegistry(), stops: make(chan error, 2)}
+	a.children = a.childTable(cfg)
 	inherited, err := systemdSockets()
 	if err != nil {
 		return nil, err
 	}
 	a.sup, err = supervisor.New(a.children, supervisor.Options{
-		Log:          opts.Log,
-		Root:         opts.Root,
+		Log:          log,
+		Root:         s.Root,
 		Inherited:    inherited,
 		Metrics:      a.metrics,
-		ReadyTimeout: opts.ReadyTimeout,
-		DrainTimeout: opts.DrainTimeout,
-		StopTimeout:  opts.StopTimeout,
+		ReadyTimeout: s.Flags.ReadyTimeout,
+		DrainTimeout: s.Flags.DrainTimeout,
+		StopTimeout:  s.Flags.StopTimeout,
 	})
 	if err != nil {
-		return nil, err
-	}
-	if a.status, err = a.newStatus(); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// Run runs agentd until ctx ends, then stops the children in reverse order and returns nil.
+// buildConfigs is every child's configuration, from the Settings alone (and agentd's uid,
+// for Istio's rule on DNS port 53).
+func buildConfigs(s *settings.Settings, uid int) (*configs, error) {
+	c := &configs{}
+	var err error
+	if c.prober, err = proberConfig(s); err != nil {
+		return nil, fmt.Errorf("prober: %w", err)
+	}
+	if c.sds, c.sdsSock, err = sdsConfig(s); err != nil {
+		return nil, fmt.Errorf("sds-server: %w", err)
+	}
+	if c.xds, err = xdsProxyConfig(s); err != nil {
+		return nil, fmt.Errorf("xds-proxy: %w", err)
+	}
+	if s.DNSOn() {
+		if c.dns, c.dnsSocks, c.warnings, err = dnsProxyConfig(s, uid); err != nil {
+			return nil, fmt.Errorf("dns-proxy: %w", err)
+		}
+	}
+	if !s.DisableEnvoy {
+		c.envoy = bootstrapConfig(s)
+		var args []string
+		var bootstrap string
+		if args, bootstrap, err = envoyCommand(s, c.envoy); err != nil {
+			return nil, fmt.Errorf("envoy: %w", err)
+		}
+		c.envoyRun = envoyProcess(s, c.envoy, args, bootstrap)
+		if c.envoyRun.Prepare != nil { // agentd's bootstrap: a broken input fails here
+			if _, err := envoy.Bootstrap(c.envoy); err != nil {
+				return nil, fmt.Errorf("envoy bootstrap: %w", err)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Run runs agentd until ctx ends or Stop is called, then stops the children in reverse order.
+// Its tasks: the supervisor; the status server, which opens before the children start and
+// closes once they have stopped, so that app probes and metrics answer during the drain; the
+// control socket; the reaper of orphans; systemd's notifications; and stop, where every
+// reason to stop arrives.
 func (a *Agent) Run(ctx context.Context) error {
-	// Orphans of the tree (a helper's own children) become agentd's to reap, as when it is
-	// PID 1, instead of the host's init's.
-	if err := proc.BecomeSubreaper(); err != nil && os.Getpid() != 1 {
-		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
+	a.tuneRuntime()
+	if js, err := protojson.Marshal(a.s.ProxyConfig); err == nil {
+		a.log.Info("effective ProxyConfig", "config", string(js))
 	}
-	if !hasVar(a.opts.Env, "GOGC") {
-		debug.SetGCPercent(treeGOGC)
+	if err := a.writeGRPCBootstrap(); err != nil {
+		return err
 	}
-	if !hasVar(a.opts.Env, "GOMAXPROCS") {
-		runtime.GOMAXPROCS(treeGOMAXPROCS)
+	status, err := a.newStatus()
+	if err != nil {
+		return err
 	}
-	a.log.Info("starting", "root", a.opts.Root, "helpers", a.opts.HelpersDir, "children", len(a.children))
-	g, gctx := errgroup.WithContext(a.status.quittable(ctx))
-	tasks := []func(context.Context) error{
-		a.status.around(a.sup.Run),
-		func(ctx context.Context) error { return control.Serve(ctx, ControlSocket(a.opts.Root), a) },
-		func(ctx context.Context) error { proc.Reap(ctx); return nil },
-		a.notify,
+	a.log.Info("starting", "root", a.s.Root, "helpers", a.s.HelpersDir, "children", len(a.children))
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStatus()
+	supervised := make(chan struct{})
+	var g errgroup.Group
+	tasks := []func() error{
+		func() error { defer close(supervised); defer stopStatus(); return a.sup.Run(ctx) },
+		func() error { return a.runStatus(statusCtx, ctx, status) },
+		func() error { return control.Serve(ctx, ControlSocket(a.s.Root), a) },
+		func() error { return proc.Reap(ctx) },
+		func() error { return a.notify(ctx) },
+		func() error { a.stop(ctx, cancel, supervised); return nil },
 	}
 	for _, t := range tasks {
-		g.Go(func() error { return t(gctx) })
+		g.Go(t)
 	}
-	err := g.Wait()
-	a.log.Info("stopped")
+	err = g.Wait()
+	if cause := context.Cause(ctx); errors.Is(cause, errEnvoyExited) || errors.Is(cause, errStatusFailed) {
+		err = errors.Join(err, cause)
+	}
+	a.log.Info("stopped", "cause", context.Cause(ctx))
 	return err
+}
+
+// Stop asks agentd to stop, for cause: the first call drains and stops the tree in order, the
+// next one kills what is left at once. Signals, POST /quitquitquit and Envoy's exit (with
+// AGENTD_EXIT_ON_ENVOY_EXIT) all stop agentd through it.
+func (a *Agent) Stop(cause error) {
+	select {
+	case a.stops <- cause:
+	default: // two are pending already: the tree is being killed
+	}
+}
+
+// stop ends Run's context with the first cause Stop gets, and kills the children at the
+// second, until the supervisor has returned.
+func (a *Agent) stop(ctx context.Context, cancel context.CancelCauseFunc, supervised <-chan struct{}) {
+	select {
+	case cause := <-a.stops:
+		a.log.Info("stopping", "cause", cause)
+		cancel(cause)
+	case <-supervised:
+		return
+	case <-ctx.Done():
+	}
+	for {
+		select {
+		case cause := <-a.stops:
+			a.log.Warn("stopping now", "cause", cause)
+			a.sup.Kill()
+		case <-supervised:
+			return
+		}
+	}
+}
+
+// onEnvoyExit is called when Envoy exits without agentd asking it to: with
+// AGENTD_EXIT_ON_ENVOY_EXIT agentd then stops, as Istio's agent does.
+func (a *Agent) onEnvoyExit(err error) {
+	if a.s.Env.ExitOnEnvoyExit {
+		a.log.Warn("Envoy exited: stopping agentd, as Istio's agent does (AGENTD_EXIT_ON_ENVOY_EXIT)", "error", err)
+		a.Stop(errEnvoyExited)
+	}
+}
+
+// tuneRuntime applies the tree's Go runtime settings to agentd itself (helperenv.go).
+func (a *Agent) tuneRuntime() {
+	if err := proc.BecomeSubreaper(); err != nil && os.Getpid() != 1 {
+		// Orphans of the tree (a helper's own children) then go to the host's init.
+		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
+	}
+	if !hasVar(a.s.Environ, "GOGC") {
+		debug.SetGCPercent(treeGOGC)
+	}
+	if !hasVar(a.s.Environ, "GOMAXPROCS") {
+		runtime.GOMAXPROCS(treeGOMAXPROCS)
+	}
 }
 
 // Ready is agentd's readiness: every child ready, and the gRPC bootstrap in place.
@@ -151,14 +237,12 @@ func (a *Agent) Ready(ctx context.Context) error {
 	return a.grpcReady()
 }
 
-// Kill ends every drain at once and kills the children still running: a second SIGTERM.
-func (a *Agent) Kill() { a.sup.Kill() }
-
-// Statuses, Ready, Restart and Swap are the supervisor's; Publish is the bus's: together they
-// are what the control socket serves.
+// Statuses, Restart and Swap are the supervisor's; Publish is the bus's: together with Ready
+// they are what the control socket serves.
 func (a *Agent) Statuses() []supervisor.Status { return a.sup.Statuses() }
 
 func (a *Agent) Restart(ctx context.Context, name string) error { return a.sup.Restart(ctx, name) }
+
 func (a *Agent) Publish(topic string, payload *anypb.Any) error {
 	_, err := a.bus.Publish(topic, payload)
 	return err

@@ -6,45 +6,73 @@ import (
 	"path/filepath"
 	"time"
 
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
+
 	"google.golang.org/protobuf/proto"
 
 	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
-// buildChildren returns the child table; children stop in the reverse order. The prober first,
-// so that it stops last: kubelet's probes reach it from the start and it answers them until
-// the very end of a stop. Then sds-server (Envoy still needs certificates while it drains),
-// xds-proxy, dns-proxy, and Envoy last, so that it stops first. The helpers start side by
-// side: each needs nothing from the others to start (the bus replays what one waits for, and
-// xds-proxy reads a client certificate file at each handshake, so one written later is used
-// at the next). Envoy starts once the helpers it connects to are ready (envoy.go). Each
-// child's entry is built in its own file here.
-func (a *Agent) buildChildren() ([]supervisor.Child, error) {
+type socketSpec = supervisor.Socket
+
+// configs are the children's configurations, each a pure function of the Settings (one file
+// per child): what New checks before anything starts, and what the child table is built from.
+type configs struct {
+	xds      *agentv1.XDSProxyConfig
+	sds      *agentv1.SDSConfig
+	sdsSock  socketSpec
+	dns      *agentv1.DNSProxyConfig // nil: DNS capture off, no dns-proxy
+	dnsSocks []socketSpec
+	prober   *agentv1.ProberConfig // nil: nothing to probe, no prober
+	envoy    *envoy.Config         // nil: Envoy disabled
+	envoyRun envoy.ProcessOptions
+	warnings []string
+}
+
+// childTable is the child table; children stop in the reverse order. The prober first, so that
+// it stops last: kubelet's probes reach it from the start and it answers them until the very
+// end of a stop. Then sds-server (Envoy still needs certificates while it drains), xds-proxy,
+// dns-proxy, and Envoy last, so that it stops first. The helpers start side by side: each
+// needs nothing from the others to start (the bus replays what one waits for, and xds-proxy
+// reads a client certificate file at each handshake, so one written later is used at the
+// next). Envoy starts once the helpers it connects to are ready.
+func (a *Agent) childTable(c *configs) []supervisor.Child {
 	var out []supervisor.Child
-	for _, build := range []func() (*supervisor.Child, error){
-		a.prober, a.sdsServer, a.xdsProxy, a.dnsProxy, a.envoy,
-	} {
-		c, err := build()
-		if err != nil {
-			return nil, err
-		}
-		if c != nil { // nil: turned off by configuration
-			out = append(out, *c)
-		}
+	if c.prober != nil {
+		out = append(out, a.helper("prober", c.prober, socketSpec{Name: agentv1.SocketProbe, Network: "unix", Address: ProbeSocket}))
 	}
-	return out, nil
+	out = append(out,
+		a.helper("sds-server", c.sds, c.sdsSock),
+		a.helper("xds-proxy", c.xds, socketSpec{Name: agentv1.SocketXDS, Network: "unix", Address: settings.XDSSocket, Mode: 0o666}))
+	if c.dns != nil {
+		out = append(out, a.helper("dns-proxy", c.dns, c.dnsSocks...))
+	}
+	if c.envoy != nil {
+		run := c.envoyRun
+		run.Control, run.OnUnexpectedExit, run.Log = &a.envoyDrain, a.onEnvoyExit, a.log.Named("envoy")
+		out = append(out, supervisor.Child{
+			Name: "envoy", Binary: envoyBinary(a.s), Launch: envoy.Launch(run),
+			// Its first xDS and SDS streams are answered at once rather than queued.
+			After:        []string{"sds-server", "xds-proxy"},
+			DrainTimeout: envoyDrainTimeout(run),
+			ReadyTimeout: envoyReadyTimeout,
+		})
+	}
+	return out
 }
 
 // helper is the child entry of a helper binary named name in the helpers directory.
-func (a *Agent) helper(name string, config proto.Message, sockets ...supervisor.Socket) *supervisor.Child {
+func (a *Agent) helper(name string, config proto.Message, sockets ...socketSpec) supervisor.Child {
 	names := make([]string, len(sockets))
 	for i, s := range sockets {
 		names[i] = s.Name
 	}
-	return &supervisor.Child{
+	return supervisor.Child{
 		Name:    name,
-		Binary:  filepath.Join(a.opts.HelpersDir, name),
+		Binary:  filepath.Join(a.s.HelpersDir, name),
 		Sockets: sockets,
 		Launch: func(ctx context.Context, binary string, files []*os.File) (supervisor.Instance, error) {
 			return component.Start(ctx, component.Spec{
@@ -52,9 +80,9 @@ func (a *Agent) helper(name string, config proto.Message, sockets ...supervisor.
 				Binary:       binary,
 				Files:        files,
 				Sockets:      names,
-				Env:          helperEnv(name, a.opts.Env),
+				Env:          helperEnv(name, a.s.Environ),
 				Config:       config,
-				Root:         a.opts.Root,
+				Root:         a.s.Root,
 				Bus:          a.bus.Server(),
 				Log:          a.log,
 				StartTimeout: 10 * time.Second,

@@ -7,8 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
-
+	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
@@ -61,18 +60,17 @@ func TestDNSSockets(t *testing.T) {
 }
 
 // TestDNSProxyOnlyWhenOn: dns-proxy is a child only when Istio's DNS proxy would run, and its
-// settings are checked either way.
+// settings never stop agentd (a bad one is warned about, as Istio does).
 func TestDNSProxyOnlyWhenOn(t *testing.T) {
 	tests := []struct {
-		env     []string
-		want    bool
-		wantErr string
+		env  []string
+		want bool
 	}{
 		{env: nil, want: false},
 		{env: []string{"ISTIO_META_DNS_CAPTURE=false"}, want: false},
 		{env: []string{"ISTIO_META_DNS_CAPTURE=true"}, want: true},
 		{env: []string{"ISTIO_META_ENABLE_DNS_SERVER=true"}, want: true},
-		{env: []string{"DNS_FORWARD_TIMEOUT=soon"}, wantErr: "DNS_FORWARD_TIMEOUT"},
+		{env: []string{"ISTIO_META_DNS_CAPTURE=true", "DNS_FORWARD_TIMEOUT=soon"}, want: true}, // Istio: warned, default
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.env, ","), func(t *testing.T) {
@@ -80,22 +78,16 @@ func TestDNSProxyOnlyWhenOn(t *testing.T) {
 			if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			a := &Agent{opts: Options{Env: tt.env, Root: t.TempDir(), DNSAddress: "127.0.0.1:0", ResolvConf: resolv}, log: hclog.NewNullLogger()}
-			c, err := a.dnsProxy()
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("dnsProxy() error = %v, want one naming %s", err, tt.wantErr)
-				}
-				return
-			}
+			s := resolve(t, settings.Flags{DNSAddress: "127.0.0.1:0", ResolvConf: resolv, DisableEnvoy: true}, tt.env...)
+			c, err := buildConfigs(s, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := c != nil; got != tt.want {
+			if got := c.dns != nil; got != tt.want {
 				t.Errorf("dns-proxy child: %v, want %v", got, tt.want)
 			}
-			if got, want := a.dnsOn(), tt.want; got != want {
-				t.Errorf("dnsOn() = %v, want %v (xds-proxy asks for the name table then)", got, want)
+			if got, want := c.xds.GetNameTable(), tt.want; got != want {
+				t.Errorf("xds-proxy asks for the name table: %v, want %v", got, want)
 			}
 		})
 	}

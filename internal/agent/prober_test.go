@@ -4,8 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
 	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/agentd/agentd/internal/settings"
 )
 
 func TestProberConfig(t *testing.T) {
@@ -33,8 +34,7 @@ func TestProberConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := &Agent{opts: Options{Env: tc.env, Root: t.TempDir(), DisableEnvoy: !tc.envoy}, log: hclog.NewNullLogger()}
-			cfg, err := a.proberConfig()
+			cfg, err := proberConfig(resolve(t, settings.Flags{DisableEnvoy: !tc.envoy}, tc.env...))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("proberConfig() error = %v, want %q", err, tc.wantErr)

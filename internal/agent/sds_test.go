@@ -8,19 +8,20 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/agentd/agentd/internal/sds"
+	"github.com/agentd/agentd/internal/settings"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
 func TestSDSConfig(t *testing.T) {
 	base := &agentv1.SDSConfig{
-		CaAddress: "istiod.istio-system.svc:15012", CaRootCert: istiodRootCert, TrustAnchorsFile: istiodRootCert,
-		TokenFile: sds.DefaultTokenFile, ClusterId: "Kubernetes", CaHeaders: map[string]string{},
+		CaAddress: "istiod.istio-system.svc:15012", CaRootCert: settings.IstiodRootCert, TrustAnchorsFile: settings.IstiodRootCert,
+		TokenFile: settings.TokenFile, CaHeaders: map[string]string{}, TrustDomain: "cluster.local",
+		SecretTtl: durationpb.New(24 * time.Hour), FileDebounce: durationpb.New(100 * time.Millisecond),
+		GracePeriodRatio: 0.5, GracePeriodRatioJitter: 0.01, RsaKeySize: 2048, EccCurve: "P256",
 		CertChainFile: "etc/certs/cert-chain.pem", KeyFile: "etc/certs/key.pem", RootCertFile: "etc/certs/root-cert.pem",
 	}
 	with := func(f func(c *agentv1.SDSConfig)) *agentv1.SDSConfig {
@@ -64,19 +65,18 @@ func TestSDSConfig(t *testing.T) {
 		})},
 		{"workload-spiffe-credentials", nil, []string{"cert-chain.pem", "key.pem", "root-cert.pem"}, with(func(c *agentv1.SDSConfig) {
 			c.CaAddress, c.CaRootCert, c.TrustAnchorsFile = "", "", ""
-			c.CertChainFile, c.KeyFile, c.RootCertFile = workloadCertDir+"/cert-chain.pem", workloadCertDir+"/key.pem", workloadCertDir+"/root-cert.pem"
+			c.CertChainFile, c.KeyFile, c.RootCertFile = settings.WorkloadCertDir+"/cert-chain.pem", settings.WorkloadCertDir+"/key.pem", settings.WorkloadCertDir+"/root-cert.pem"
 		})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			root := t.TempDir()
 			for _, f := range tt.files {
-				p := filepath.Join(root, workloadCertDir, f)
+				p := filepath.Join(root, settings.WorkloadCertDir, f)
 				os.MkdirAll(filepath.Dir(p), 0o755)
 				os.WriteFile(p, []byte("x"), 0o600)
 			}
-			a := &Agent{opts: Options{Root: root, Env: tt.env, DiscoveryAddress: "istiod.istio-system.svc:15012"}, log: hclog.NewNullLogger()}
-			got, err := a.sdsConfig()
+			got, _, err := sdsConfig(resolve(t, settings.Flags{Root: root, DiscoveryAddress: "istiod.istio-system.svc:15012"}, tt.env...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,10 +85,14 @@ func TestSDSConfig(t *testing.T) {
 			}
 		})
 	}
+	// A value that does not parse is warned about and Istio's default used, as Istio does.
 	for _, bad := range []string{"SECRET_TTL=soon", "SECRET_GRACE_PERIOD_RATIO=2", "PKCS8_KEY=maybe", "WORKLOAD_RSA_KEY_SIZE=big"} {
-		a := &Agent{opts: Options{Root: t.TempDir(), Env: []string{bad}, DiscoveryAddress: "x:1"}, log: hclog.NewNullLogger()}
-		if _, err := a.sdsConfig(); err == nil {
-			t.Errorf("sdsConfig with %s: nil error", bad)
+		got, _, err := sdsConfig(resolve(t, settings.Flags{DiscoveryAddress: "istiod.istio-system.svc:15012"}, bad))
+		if err != nil {
+			t.Fatalf("sdsConfig with %s: %v", bad, err)
+		}
+		if d := cmp.Diff(base, got, protocmp.Transform()); d != "" {
+			t.Errorf("sdsConfig with %s (-want defaults +got):\n%s", bad, d)
 		}
 	}
 }
@@ -101,25 +105,24 @@ func TestSDSSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(root)
-	a := &Agent{opts: Options{Root: root, DiscoveryAddress: "x:15012"}, log: hclog.NewNullLogger()}
-	c, err := a.sdsServer()
+	_, sock, err := sdsConfig(resolve(t, settings.Flags{Root: root, DiscoveryAddress: "x:15012"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Sockets[0]; s.Name != agentv1.SocketSDSWorkload || s.Address != sdsSocketDir+"/socket" {
+	if s := sock; s.Name != agentv1.SocketSDSWorkload || s.Address != settings.SDSSocketDir+"/socket" {
 		t.Errorf("socket = %+v, want the workload socket", s)
 	}
-	path := filepath.Join(root, sdsSocketDir, "socket")
+	path := filepath.Join(root, settings.SDSSocketDir, "socket")
 	os.MkdirAll(filepath.Dir(path), 0o755)
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if c, err = a.sdsServer(); err != nil {
+	if _, sock, err = sdsConfig(resolve(t, settings.Flags{Root: root, DiscoveryAddress: "x:15012"})); err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Sockets[0]; s.Name != agentv1.SocketSDSFiles || s.Address != sdsFilesSocket {
+	if s := sock; s.Name != agentv1.SocketSDSFiles || s.Address != settings.SDSFilesSocket {
 		t.Errorf("socket with a live SDS server = %+v, want the files socket", s)
 	}
 }

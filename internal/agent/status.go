@@ -1,61 +1,50 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
-
-	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/status"
-	"github.com/agentd/agentd/internal/supervisor"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
-// errQuit is why agentd stops after POST /quitquitquit.
-var errQuit = errors.New("/quitquitquit called")
-
-// statusRun is agentd's status server and what ties it to agentd's lifetime: it opens before
-// the children start, answers 503 on /healthz/ready from the first SIGTERM on, keeps serving
-// app probes and metrics while the children drain, and closes once they have stopped.
-type statusRun struct {
-	srv *status.Server
-
-	mu   sync.Mutex
-	quit context.CancelCauseFunc // ends Run's context
-}
-
-// newStatus opens the status port (all interfaces, as Istio) and builds the server from
-// Istio's env: ISTIO_PROMETHEUS_ANNOTATIONS (sidecars only), PILOT_AGENT_MERGE_ENVOY_STATS
-// (true), ENVOY_PROMETHEUS_PORT (15090), METRICS_LOCALHOST_ACCESS_ONLY (false).
-func (a *Agent) newStatus() (*statusRun, error) {
-	port := cmp.Or(a.opts.StatusPort, defaultStatusPort)
-	app, err := status.ParsePrometheusAnnotations(a.opts.getenv("ISTIO_PROMETHEUS_ANNOTATIONS"), port)
+// statusConfig is the status server's configuration without its hooks into the running
+// agentd: the app metrics to merge (ISTIO_PROMETHEUS_ANNOTATIONS, sidecars only), Envoy's
+// metrics (PILOT_AGENT_MERGE_ENVOY_STATS, ENVOY_PROMETHEUS_PORT),
+// METRICS_LOCALHOST_ACCESS_ONLY and --profiling.
+func statusConfig(s *settings.Settings) (status.Config, error) {
+	app, err := status.ParsePrometheusAnnotations(s.Env.PrometheusAnnotations, s.StatusPort)
 	if err != nil {
-		return nil, err
+		return status.Config{}, err
 	}
-	if t := a.opts.Proxy.Type; t != "" && t != "sidecar" {
+	if s.ProxyType != envoy.Sidecar {
 		app = nil // Istio merges app metrics for sidecars only
 	}
-	bools, err := envBools(&a.opts, map[string]bool{"PILOT_AGENT_MERGE_ENVOY_STATS": true, "METRICS_LOCALHOST_ACCESS_ONLY": false})
-	if err != nil {
-		return nil, err
+	cfg := status.Config{App: app, MetricsLocalhostOnly: s.Env.MetricsLocalhostOnly, DisableProfiling: s.Proxy.DisableProfiling}
+	if !s.DisableEnvoy && s.Env.MergeEnvoyStats {
+		cfg.EnvoyMetricsURL = "http://localhost:" + strconv.Itoa(int(s.Env.EnvoyPrometheusPort)) + "/stats/prometheus"
 	}
-	ints, err := envInts(&a.opts, map[string]int{"ENVOY_PROMETHEUS_PORT": 15090})
+	return cfg, nil
+}
+
+// newStatus opens the status port (all interfaces, as Istio) and builds the server with its
+// hooks into agentd: readiness, the helpers' metrics, /quitquitquit and /drain, the probes.
+func (a *Agent) newStatus() (*status.Server, error) {
+	cfg, err := statusConfig(a.s)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("status server: %w", err)
 	}
 	// agentd's own registry shows its Go runtime and process as Istio's agent does.
 	wrapped := prometheus.WrapRegistererWithPrefix("istio_agent_", a.metrics)
@@ -64,91 +53,48 @@ func (a *Agent) newStatus() (*statusRun, error) {
 			return nil, fmt.Errorf("status metrics: %w", err)
 		}
 	}
-	run := &statusRun{}
-	cfg := status.Config{
-		Ready:                a.Ready,
-		Registry:             a.metrics,
-		Sources:              a.helperMetrics,
-		App:                  app,
-		MetricsLocalhostOnly: bools["METRICS_LOCALHOST_ACCESS_ONLY"],
-		Quit:                 func() { a.envoyDrain.Skip(); run.stop(errQuit) }, // Istio: no drain
-		NameTable:            a.nameTable,
-		Log:                  a.log.Named("status"),
-	}
-	if slices.ContainsFunc(a.children, func(c supervisor.Child) bool { return c.Name == "prober" }) {
+	cfg.Ready, cfg.Registry, cfg.Sources, cfg.NameTable = a.Ready, a.metrics, a.helperMetrics, a.nameTable
+	cfg.Log = a.log.Named("status")
+	cfg.Quit = func() { a.envoyDrain.Skip(); a.Stop(errQuit) } // Istio: no drain
+	if a.cfg.prober != nil {
 		// Without a prober (nothing to probe), /app-health/... gets Istio's 400.
-		cfg.AppProbes = status.NewProbeForwarder(filepath.Join(a.opts.Root, ProbeSocket), a.log.Named("status"))
+		cfg.AppProbes = status.NewProbeForwarder(filepath.Join(a.s.Root, ProbeSocket), cfg.Log)
 	}
-	if !a.opts.DisableEnvoy {
-		if bools["PILOT_AGENT_MERGE_ENVOY_STATS"] {
-			cfg.EnvoyMetricsURL = "http://localhost:" + strconv.Itoa(ints["ENVOY_PROMETHEUS_PORT"]) + "/stats/prometheus"
-		}
-		_, popts, err := a.envoyConfig()
-		if err != nil {
-			return nil, fmt.Errorf("status server: %w", err)
-		}
-		admin := envoy.NewAdmin(popts.AdminHost, popts.AdminPort)
+	if a.cfg.envoy != nil {
+		admin := envoy.NewAdmin(a.cfg.envoyRun.AdminHost, a.cfg.envoyRun.AdminPort)
+		inboundOnly := a.cfg.envoyRun.InboundOnly
 		cfg.Drain = func() {
 			a.envoyDrain.Skip() // the coming SIGTERM exits at once, as Istio's
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := admin.DrainListeners(ctx, popts.InboundOnly, true); err != nil {
+			if err := admin.DrainListeners(ctx, inboundOnly, true); err != nil {
 				a.log.Error("drain Envoy's listeners", "error", err)
 			}
 		}
 	}
-	if cfg.Listener, err = net.Listen("tcp", ":"+strconv.Itoa(port)); err != nil {
+	if cfg.Listener, err = net.Listen("tcp", ":"+strconv.Itoa(a.s.StatusPort)); err != nil {
 		return nil, fmt.Errorf("status port: %w", err)
 	}
-	if run.srv, err = status.New(cfg); err != nil {
+	srv, err := status.New(cfg)
+	if err != nil {
 		cfg.Listener.Close()
 		return nil, err
 	}
-	return run, nil
+	return srv, nil
 }
 
-// quittable returns Run's context, which /quitquitquit can end too.
-func (r *statusRun) quittable(ctx context.Context) context.Context {
-	ctx, cancel := context.WithCancelCause(ctx)
-	r.mu.Lock()
-	r.quit = cancel
-	r.mu.Unlock()
-	return ctx
-}
-
-func (r *statusRun) stop(cause error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.quit != nil {
-		r.quit(cause)
+// runStatus serves the status port until ctx (cancelled once the supervisor has returned)
+// ends. When run (Run's context) ends, readiness turns 503 at once, with run's cause; a
+// status server that fails on its own stops agentd gracefully, as Istio's agent, which
+// SIGTERMs itself.
+func (a *Agent) runStatus(ctx, run context.Context, srv *status.Server) error {
+	stopped := context.AfterFunc(run, func() { srv.Terminate(context.Cause(run)) })
+	defer stopped()
+	err := srv.Run(ctx)
+	if err != nil && ctx.Err() == nil {
+		a.Stop(fmt.Errorf("%w: %w", errStatusFailed, err))
 	}
-}
-
-// around runs the status server around the supervisor's run.
-func (r *statusRun) around(supervise func(context.Context) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		done := make(chan error, 1)
-		go func() {
-			err := r.srv.Run(sctx)
-			if sctx.Err() == nil { // as Istio, which SIGTERMs itself: stop gracefully
-				r.stop(err)
-			}
-			done <- err
-		}()
-		stopped := make(chan struct{})
-		go func() {
-			select {
-			case <-ctx.Done():
-				r.srv.Terminate(context.Cause(ctx))
-			case <-stopped:
-			}
-		}()
-		err := supervise(ctx)
-		close(stopped)
-		cancel()
-		return errors.Join(err, <-done)
-	}
+	return err
 }
 
 // helperMetrics are the helpers' metrics for the status server; Envoy's come from its

@@ -12,14 +12,16 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/agentd/agentd/internal/grpcbootstrap"
+	"github.com/agentd/agentd/internal/settings"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
 func TestXDSProxyConfig(t *testing.T) {
 	root := t.TempDir()
 	base := &agentv1.XDSProxyConfig{
-		DiscoveryAddress: "istiod.istio-system.svc:15012", ClusterId: "Kubernetes", Headers: map[string]string{},
-		Tls: true, RootCert: filepath.Join(root, istiodRootCert), TokenPath: filepath.Join(root, "var/run/secrets/tokens/istio-token"),
+		// ClusterId unset: Istio's agent sends "" and istiod takes its own cluster.
+		DiscoveryAddress: "istiod.istio-system.svc:15012", Headers: map[string]string{},
+		Tls: true, RootCert: filepath.Join(root, settings.IstiodRootCert), TokenPath: filepath.Join(root, "var/run/secrets/tokens/istio-token"),
 	}
 	with := func(f func(c *agentv1.XDSProxyConfig)) *agentv1.XDSProxyConfig {
 		c := proto.Clone(base).(*agentv1.XDSProxyConfig)
@@ -72,12 +74,7 @@ func TestXDSProxyConfig(t *testing.T) {
 				}
 				defer os.Remove(p)
 			}
-			a := &Agent{opts: Options{Root: root, Env: tt.env, DiscoveryAddress: tt.discovery}, log: hclog.NewNullLogger()}
-			ecfg, _, err := a.envoyConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := a.xdsProxyConfig(ecfg.ProxyConfig)
+			got, err := xdsProxyConfig(resolve(t, settings.Flags{Root: root, DiscoveryAddress: tt.discovery}, tt.env...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,20 +83,12 @@ func TestXDSProxyConfig(t *testing.T) {
 			}
 		})
 	}
-	a := &Agent{opts: Options{Root: root, Env: []string{"PILOT_CERT_PROVIDER=none"}}, log: hclog.NewNullLogger()}
-	if _, err := a.xdsProxy(); err == nil {
+	if _, err := xdsProxyConfig(resolve(t, settings.Flags{Root: root}, "PILOT_CERT_PROVIDER=none")); err == nil {
 		t.Error("xdsProxyConfig with PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: nil error")
-	}
-	c, err := (&Agent{opts: Options{Root: root, DiscoveryAddress: "x:15010"}, log: hclog.NewNullLogger()}).xdsProxy()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := c.Sockets[0]; s.Name != agentv1.SocketXDS || s.Network != "unix" || s.Address != "etc/istio/proxy/XDS" || s.Mode != 0o666 {
-		t.Errorf("socket = %+v, want unix etc/istio/proxy/XDS 0666", s)
 	}
 }
 
-// TestGRPCBootstrap: building the xds-proxy child writes the gRPC bootstrap at
+// TestGRPCBootstrap: agentd writes the gRPC bootstrap at
 // GRPC_XDS_BOOTSTRAP (default etc/istio/proxy/grpc-bootstrap.json) with the XDS socket and
 // the node Istio builds.
 func TestGRPCBootstrap(t *testing.T) {
@@ -112,8 +101,8 @@ func TestGRPCBootstrap(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			env := []string{"POD_NAME=app-1", "POD_NAMESPACE=ns1", "INSTANCE_IP=10.1.2.3", "ISTIO_META_CLUSTER_ID=c1", "OUTPUT_CERTS=/var/lib/istio/data", tc.env}
-			a := &Agent{opts: Options{Root: root, Env: env, DiscoveryAddress: "127.0.0.1:15010"}, log: hclog.NewNullLogger()}
-			if _, err := a.xdsProxy(); err != nil {
+			a := &Agent{s: resolve(t, settings.Flags{Root: root, DiscoveryAddress: "127.0.0.1:15010"}, env...), log: hclog.NewNullLogger()}
+			if err := a.writeGRPCBootstrap(); err != nil {
 				t.Fatal(err)
 			}
 			data, err := os.ReadFile(filepath.Join(root, tc.path))

@@ -22,8 +22,9 @@ func BecomeSubreaper() error {
 // Reap waits for the zombie children of this process that no Process owns — orphans handed to
 // agentd as PID 1 or as a subreaper — until ctx ends. It never waits for any pid (wait4(-1)),
 // which would steal the exit status os/exec waits for: it reads /proc for zombies whose parent
-// is this process and waits for each unknown one by its pid.
-func Reap(ctx context.Context) {
+// is this process and waits for each unknown one by its pid. It returns nil: a task like
+// every other of agentd's.
+func Reap(ctx context.Context) error {
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGCHLD)
 	defer signal.Stop(sigc)
@@ -33,7 +34,7 @@ func Reap(ctx context.Context) {
 		reapOrphans()
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-sigc:
 		case <-tick.C:
 		}

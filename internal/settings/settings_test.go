@@ -1,0 +1,112 @@
+package settings
+
+import (
+	"bufio"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestPilotAgentCoverage: every variable and flag Istio's pilot-agent reads is in the Env
+// table, or a flag agentd parses, or listed in Ignored with why; nothing is both.
+func TestPilotAgentCoverage(t *testing.T) {
+	f, err := os.Open("testdata/pilot-agent.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows := map[string]bool{}
+	for _, r := range Rows() {
+		rows[r.Name] = true
+	}
+	parsed := []string{"domain", "meshConfig", "serviceCluster", "proxyLogLevel", "proxyComponentLogLevel", "templateFile",
+		"outlierLogPath", "stsPort", "concurrency", "profiling", "log_output_level", "log_as_json"}
+	sc := bufio.NewScanner(f)
+	n := 0
+	for sc.Scan() {
+		name := strings.TrimSpace(sc.Text())
+		if name == "" || strings.HasPrefix(name, "#") {
+			continue
+		}
+		n++
+		_, ignored := Ignored[name]
+		var handled bool
+		if flag, ok := strings.CutPrefix(name, "--"); ok {
+			if _, accepted := proxyFlagKinds[flag]; !accepted {
+				t.Errorf("pilot-agent's %s is not accepted by agentd proxy", name)
+			}
+			handled = slices.Contains(parsed, flag)
+		} else {
+			handled = rows[name]
+		}
+		switch {
+		case handled && ignored:
+			t.Errorf("%s is read and listed as ignored", name)
+		case !handled && !ignored:
+			t.Errorf("pilot-agent reads %s: agentd neither reads it nor lists it in Ignored with why", name)
+		}
+	}
+	if n < 90 {
+		t.Fatalf("read %d names from testdata/pilot-agent.txt, want the whole list", n)
+	}
+	for name, why := range Ignored {
+		if why == "" {
+			t.Errorf("Ignored[%s] says nothing of why", name)
+		}
+	}
+}
+
+// TestRows: every row names a variable, processes among agentd's and Istio's behaviour on a
+// bad value.
+func TestRows(t *testing.T) {
+	procs := []string{"agentd", "envoy", "xds-proxy", "sds-server", "dns-proxy", "prober"}
+	seen := map[string]bool{}
+	for _, r := range Rows() {
+		if r.Name == "" || seen[r.Name] {
+			t.Errorf("row %s: variable %q empty or twice", r.Field, r.Name)
+		}
+		seen[r.Name] = true
+		if r.Bad != Warn && r.Bad != Refuse {
+			t.Errorf("row %s: bad = %q, want warn or refuse", r.Name, r.Bad)
+		}
+		for _, p := range r.To {
+			if !slices.Contains(procs, p) {
+				t.Errorf("row %s: process %q unknown", r.Name, p)
+			}
+		}
+	}
+}
+
+// TestResolveBadValues: a value Istio warns about is replaced by Istio's default; one Istio
+// refuses stops the start with the variable named.
+func TestResolveBadValues(t *testing.T) {
+	tests := []struct {
+		env     string
+		check   func(s *Settings) bool
+		refused bool
+	}{
+		{"ISTIO_DELTA_XDS=maybe", func(s *Settings) bool { return s.Env.DeltaXDS }, false},
+		{"ENVOY_STATUS_PORT=abc", func(s *Settings) bool { return s.Env.EnvoyStatusPort == 15021 }, false},
+		{"SECRET_GRACE_PERIOD_RATIO=2", func(s *Settings) bool { return s.Env.GracePeriodRatio == 0.5 }, false},
+		{"DNS_FORWARD_TIMEOUT=soon", func(s *Settings) bool { return s.Env.DNSForwardTimeo.Seconds() == 5 }, false},
+		{"PROXY_CONFIG={", nil, true},
+	}
+	for _, tt := range tests {
+		s, err := Resolve(Flags{Root: t.TempDir(), HelpersDir: t.TempDir()}, []string{tt.env}, nil)
+		if tt.refused {
+			name, _, _ := strings.Cut(tt.env, "=")
+			if err == nil || !strings.Contains(err.Error(), name) {
+				t.Errorf("Resolve(%s) error = %v, want one naming %s", tt.env, err, name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("Resolve(%s): %v, want a warning and Istio's default", tt.env, err)
+			continue
+		}
+		if !tt.check(s) {
+			t.Errorf("Resolve(%s) = %+v, want Istio's default", tt.env, s.Env)
+		}
+	}
+}
