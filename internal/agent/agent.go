@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
@@ -56,6 +57,9 @@ type Agent struct {
 	envoyDrain envoy.DrainControl
 	// stops carries Stop's causes to Run: the first stops gracefully, the second at once.
 	stops chan error
+	// envoyExited is set when Envoy's exit stops agentd: the supervisor must not start it again
+	// while the tree stops.
+	envoyExited atomic.Bool
 	// grpcBootstrap is the gRPC xDS bootstrap written for proxyless clients, and the
 	// certificates it names ("" when none): readiness waits for them (grpcReady).
 	grpcBootstrap, grpcCertDir string
@@ -167,7 +171,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(t)
 	}
 	err = g.Wait()
-	if cause := context.Cause(ctx); errors.Is(cause, errEnvoyExited) || errors.Is(cause, errStatusFailed) {
+	if cause := context.Cause(ctx); errors.Is(cause, errStatusFailed) {
 		err = errors.Join(err, cause)
 	}
 	a.log.Info("stopped", "cause", context.Cause(ctx))
@@ -206,13 +210,21 @@ func (a *Agent) stop(ctx context.Context, cancel context.CancelCauseFunc, superv
 	}
 }
 
-// onEnvoyExit is called when Envoy exits without agentd asking it to: with
-// AGENTD_EXIT_ON_ENVOY_EXIT agentd then stops, as Istio's agent does.
+// onEnvoyExit is called when Envoy exits without agentd asking it to. A clean exit (status 0:
+// POST :15000/quitquitquit, a Job's sidecar told to finish) stops agentd, which exits 0, as
+// Istio's agent does. A crash is restarted in place by the supervisor (counted and logged as
+// every child's), unless AGENTD_EXIT_ON_ENVOY_EXIT asks for Istio's exit on any exit.
 func (a *Agent) onEnvoyExit(err error) {
-	if a.s.Env.ExitOnEnvoyExit {
+	switch {
+	case err == nil:
+		a.log.Info("Envoy exited cleanly: stopping agentd, as Istio's agent does")
+	case a.s.Env.ExitOnEnvoyExit:
 		a.log.Warn("Envoy exited: stopping agentd, as Istio's agent does (AGENTD_EXIT_ON_ENVOY_EXIT)", "error", err)
-		a.Stop(errEnvoyExited)
+	default:
+		return
 	}
+	a.envoyExited.Store(true)
+	a.Stop(errEnvoyExited)
 }
 
 // tuneRuntime applies the tree's Go runtime settings to agentd itself (helperenv.go).

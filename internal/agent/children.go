@@ -53,6 +53,16 @@ func (a *Agent) childTable(c *configs) []supervisor.Child {
 	if c.envoy != nil {
 		run := c.envoyRun
 		run.Control, run.OnUnexpectedExit, run.Log = &a.envoyDrain, a.onEnvoyExit, a.log.Named("envoy")
+		prepare := run.Prepare
+		run.Prepare = func() error {
+			if a.envoyExited.Load() { // the supervisor's restart, while agentd stops
+				return errEnvoyExited
+			}
+			if prepare != nil {
+				return prepare()
+			}
+			return nil
+		}
 		out = append(out, supervisor.Child{
 			Name: "envoy", Binary: envoyBinary(a.s), Launch: envoy.Launch(run),
 			// Its first xDS and SDS streams are answered at once rather than queued.

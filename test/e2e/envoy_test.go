@@ -339,3 +339,28 @@ func TestEnvoyExitStopsAgentd(t *testing.T) {
 	}
 	assertOrder(t, tree.Log.String(), "Envoy exited with error", "stopping agentd, as Istio's agent does")
 }
+
+// TestEnvoyCleanExitStopsAgentd: Envoy exiting 0 (POST :15000/quitquitquit, as a Job's
+// sidecar is told to finish) stops agentd, exit 0, as Istio's agent; it is not restarted. A
+// crash is restarted in place (TestEnvoyRestartedAfterCrash and the chaos test).
+func TestEnvoyCleanExitStopsAgentd(t *testing.T) {
+	tree := startEnvoyTree(t, "")
+	pids := childPids(t, tree.WaitReady())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tree.admin.Quit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := tree.Wait(); code != 0 {
+		t.Errorf("agentd exited %d after Envoy's clean exit, want 0", code)
+	}
+	for name, pid := range pids {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) outlived agentd", name, pid)
+		}
+	}
+	if n := strings.Count(tree.Log.String(), "Envoy command"); n != 1 {
+		t.Errorf("Envoy was started %d times, want once", n)
+	}
+	assertOrder(t, tree.Log.String(), "Envoy exited normally", "Envoy exited cleanly: stopping agentd")
+}
