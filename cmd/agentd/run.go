@@ -81,9 +81,14 @@ func runAgent(log hclog.Logger, flags settings.Flags) error {
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
-		for {
+		for n := 0; ; n++ {
 			select {
 			case s := <-sigc:
+				if n == 0 {
+					log.Info("signal: stopping gracefully", "signal", s)
+				} else {
+					log.Warn("second signal: stopping now", "signal", s)
+				}
 				a.Stop(fmt.Errorf("signal %v", s))
 			case <-done:
 				return

@@ -193,7 +193,6 @@ func (a *Agent) Stop(cause error) {
 func (a *Agent) stop(ctx context.Context, cancel context.CancelCauseFunc, supervised <-chan struct{}) {
 	select {
 	case cause := <-a.stops:
-		a.log.Info("stopping", "cause", cause)
 		cancel(cause)
 	case <-supervised:
 		return
@@ -201,8 +200,7 @@ func (a *Agent) stop(ctx context.Context, cancel context.CancelCauseFunc, superv
 	}
 	for {
 		select {
-		case cause := <-a.stops:
-			a.log.Warn("stopping now", "cause", cause)
+		case <-a.stops:
 			a.sup.Kill()
 		case <-supervised:
 			return

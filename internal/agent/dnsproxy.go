@@ -32,8 +32,8 @@ func dnsProxyConfig(s *settings.Settings, uid int) (*agentv1.DNSProxyConfig, []s
 		ResolvConf:      s.ResolvConf,
 		PodNamespace:    s.Env.PodNamespace,
 		ProxyDomain:     s.Domain,
-		ForwardTimeout:  durationpb.New(s.Env.DNSForwardTimeo),
-		ForwardParallel: s.Env.DNSForwardPar,
+		ForwardTimeout:  durationpb.New(s.Env.DNSForwardTimeout.D()),
+		ForwardParallel: s.Env.DNSForwardParallel,
 	}
 	addr := s.DNSAddress
 	if strings.HasSuffix(addr, ":53") {

@@ -79,8 +79,8 @@ func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootst
 		InboundOnly:                 s.ProxyType == envoy.Sidecar,
 		TerminationDrainDuration:    pc.GetTerminationDrainDuration().AsDuration(),
 		ExitOnZeroActiveConnections: cfg.ExitOnZeroActiveConnections,
-		MinimumDrainDuration:        s.Env.MinimumDrainDuration,
-		MaxDrainDuration:            s.Env.MaxDrainDuration,
+		MinimumDrainDuration:        s.Env.MinimumDrainDuration.D(),
+		MaxDrainDuration:            s.Env.MaxDrainDuration.D(),
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
 	}
 	if pc.GetCustomConfigFile() == "" { // agentd's bootstrap, written before each start

@@ -33,20 +33,20 @@ type Env struct {
 	DisableEnvoy bool   `env:"DISABLE_ENVOY" to:"agentd" bad:"warn"`
 
 	// Envoy and its bootstrap.
-	DeltaXDS                    bool          `env:"ISTIO_DELTA_XDS" envDefault:"true" to:"envoy" bad:"warn"`
-	DualStack                   bool          `env:"ISTIO_DUAL_STACK" to:"envoy" bad:"warn"`
-	EnvoyStatusPort             Port          `env:"ENVOY_STATUS_PORT" envDefault:"15021" to:"envoy" bad:"warn"`
-	EnvoyPrometheusPort         Port          `env:"ENVOY_PROMETHEUS_PORT" envDefault:"15090" to:"envoy,agentd" bad:"warn"`
-	SkipDeprecatedLogs          bool          `env:"ENVOY_SKIP_DEPRECATED_LOGS" envDefault:"true" to:"envoy" bad:"warn"`
-	EnableCoreDump              bool          `env:"ISTIO_ENVOY_ENABLE_CORE_DUMP" to:"envoy" bad:"warn"`
-	BootstrapOverride           string        `env:"ISTIO_BOOTSTRAP_OVERRIDE" to:"envoy" bad:"warn"`
-	ExitOnZeroActiveConnections bool          `env:"EXIT_ON_ZERO_ACTIVE_CONNECTIONS" to:"envoy" bad:"warn"`
-	MinimumDrainDuration        time.Duration `env:"MINIMUM_DRAIN_DURATION" envDefault:"5s" to:"envoy" bad:"warn"`
-	WorkloadIdentitySocketFile  string        `env:"WORKLOAD_IDENTITY_SOCKET_FILE" envDefault:"socket" to:"envoy,sds-server" bad:"refuse"`
+	DeltaXDS                    bool     `env:"ISTIO_DELTA_XDS" envDefault:"true" to:"envoy" bad:"warn"`
+	DualStack                   bool     `env:"ISTIO_DUAL_STACK" to:"envoy" bad:"warn"`
+	EnvoyStatusPort             Port     `env:"ENVOY_STATUS_PORT" envDefault:"15021" to:"envoy" bad:"warn"`
+	EnvoyPrometheusPort         Port     `env:"ENVOY_PROMETHEUS_PORT" envDefault:"15090" to:"envoy,agentd" bad:"warn"`
+	SkipDeprecatedLogs          bool     `env:"ENVOY_SKIP_DEPRECATED_LOGS" envDefault:"true" to:"envoy" bad:"warn"`
+	EnableCoreDump              bool     `env:"ISTIO_ENVOY_ENABLE_CORE_DUMP" to:"envoy" bad:"warn"`
+	BootstrapOverride           string   `env:"ISTIO_BOOTSTRAP_OVERRIDE" to:"envoy" bad:"warn"`
+	ExitOnZeroActiveConnections bool     `env:"EXIT_ON_ZERO_ACTIVE_CONNECTIONS" to:"envoy" bad:"warn"`
+	MinimumDrainDuration        Duration `env:"MINIMUM_DRAIN_DURATION" envDefault:"5s" to:"envoy" bad:"warn"`
+	WorkloadIdentitySocketFile  string   `env:"WORKLOAD_IDENTITY_SOCKET_FILE" envDefault:"socket" to:"envoy,sds-server" bad:"refuse"`
 	// agentd's own: the bound of the wait for zero connections (Istio has none), and Istio's
 	// exit when Envoy exits instead of restarting it.
-	MaxDrainDuration time.Duration `env:"AGENTD_MAX_DRAIN_DURATION" envDefault:"25s" to:"envoy" bad:"warn"`
-	ExitOnEnvoyExit  bool          `env:"AGENTD_EXIT_ON_ENVOY_EXIT" to:"envoy" bad:"warn"`
+	MaxDrainDuration Duration `env:"AGENTD_MAX_DRAIN_DURATION" envDefault:"25s" to:"envoy" bad:"warn"`
+	ExitOnEnvoyExit  bool     `env:"AGENTD_EXIT_ON_ENVOY_EXIT" to:"envoy" bad:"warn"`
 
 	// The status server.
 	PrometheusAnnotations string `env:"ISTIO_PROMETHEUS_ANNOTATIONS" to:"agentd" bad:"warn"`
@@ -65,26 +65,26 @@ type Env struct {
 	TLSClientRootCert  string `env:"ISTIO_META_TLS_CLIENT_ROOT_CERT" to:"xds-proxy,envoy" bad:"warn"`
 
 	// Workload certificates (sds-server).
-	CAAddr                 string        `env:"CA_ADDR" to:"sds-server" bad:"warn"`
-	CARootCA               string        `env:"CA_ROOT_CA" to:"sds-server" bad:"warn"`
-	CertSigner             string        `env:"ISTIO_META_CERT_SIGNER" to:"sds-server,envoy" bad:"warn"`
-	SecretTTL              time.Duration `env:"SECRET_TTL" envDefault:"24h" to:"sds-server" bad:"warn"`
-	FileDebounce           time.Duration `env:"FILE_DEBOUNCE_DURATION" envDefault:"100ms" to:"sds-server" bad:"warn"`
-	GracePeriodRatio       Ratio         `env:"SECRET_GRACE_PERIOD_RATIO" envDefault:"0.5" to:"sds-server" bad:"warn"`
-	GracePeriodRatioJitter Ratio         `env:"SECRET_GRACE_PERIOD_RATIO_JITTER" envDefault:"0.01" to:"sds-server" bad:"warn"`
-	RSAKeySize             Count         `env:"WORKLOAD_RSA_KEY_SIZE" envDefault:"2048" to:"sds-server" bad:"warn"`
-	PKCS8Key               bool          `env:"PKCS8_KEY" to:"sds-server" bad:"warn"`
-	ECCSignatureAlgorithm  string        `env:"ECC_SIGNATURE_ALGORITHM" to:"sds-server" bad:"warn"`
-	ECCCurve               string        `env:"ECC_CURVE" envDefault:"P256" to:"sds-server" bad:"warn"`
-	FileMountedCerts       bool          `env:"FILE_MOUNTED_CERTS" to:"sds-server,xds-proxy" bad:"warn"`
-	OutputCerts            string        `env:"OUTPUT_CERTS" to:"sds-server,agentd" bad:"warn"`
+	CAAddr                 string   `env:"CA_ADDR" to:"sds-server" bad:"warn"`
+	CARootCA               string   `env:"CA_ROOT_CA" to:"sds-server" bad:"warn"`
+	CertSigner             string   `env:"ISTIO_META_CERT_SIGNER" to:"sds-server,envoy" bad:"warn"`
+	SecretTTL              Duration `env:"SECRET_TTL" envDefault:"24h" to:"sds-server" bad:"warn"`
+	FileDebounce           Duration `env:"FILE_DEBOUNCE_DURATION" envDefault:"100ms" to:"sds-server" bad:"warn"`
+	GracePeriodRatio       Ratio    `env:"SECRET_GRACE_PERIOD_RATIO" envDefault:"0.5" to:"sds-server" bad:"warn"`
+	GracePeriodRatioJitter Ratio    `env:"SECRET_GRACE_PERIOD_RATIO_JITTER" envDefault:"0.01" to:"sds-server" bad:"warn"`
+	RSAKeySize             Count    `env:"WORKLOAD_RSA_KEY_SIZE" envDefault:"2048" to:"sds-server" bad:"warn"`
+	PKCS8Key               bool     `env:"PKCS8_KEY" to:"sds-server" bad:"warn"`
+	ECCSignatureAlgorithm  string   `env:"ECC_SIGNATURE_ALGORITHM" to:"sds-server" bad:"warn"`
+	ECCCurve               string   `env:"ECC_CURVE" envDefault:"P256" to:"sds-server" bad:"warn"`
+	FileMountedCerts       bool     `env:"FILE_MOUNTED_CERTS" to:"sds-server,xds-proxy" bad:"warn"`
+	OutputCerts            string   `env:"OUTPUT_CERTS" to:"sds-server,agentd" bad:"warn"`
 
 	// DNS (dns-proxy).
-	DNSCapture      bool          `env:"ISTIO_META_DNS_CAPTURE" to:"dns-proxy,xds-proxy,envoy" bad:"warn"`
-	DNSServer       bool          `env:"ISTIO_META_ENABLE_DNS_SERVER" to:"dns-proxy,xds-proxy" bad:"warn"`
-	DNSProxyAddr    string        `env:"DNS_PROXY_ADDR" envDefault:"localhost:15053" to:"dns-proxy,envoy" bad:"warn"`
-	DNSForwardPar   bool          `env:"DNS_FORWARD_PARALLEL" to:"dns-proxy" bad:"warn"`
-	DNSForwardTimeo time.Duration `env:"DNS_FORWARD_TIMEOUT" envDefault:"5s" to:"dns-proxy" bad:"warn"`
+	DNSCapture         bool     `env:"ISTIO_META_DNS_CAPTURE" to:"dns-proxy,xds-proxy,envoy" bad:"warn"`
+	DNSServer          bool     `env:"ISTIO_META_ENABLE_DNS_SERVER" to:"dns-proxy,xds-proxy" bad:"warn"`
+	DNSProxyAddr       string   `env:"DNS_PROXY_ADDR" envDefault:"localhost:15053" to:"dns-proxy,envoy" bad:"warn"`
+	DNSForwardParallel bool     `env:"DNS_FORWARD_PARALLEL" to:"dns-proxy" bad:"warn"`
+	DNSForwardTimeout  Duration `env:"DNS_FORWARD_TIMEOUT" envDefault:"5s" to:"dns-proxy" bad:"warn"`
 
 	// App probes (the prober). Istio refuses a malformed ISTIO_KUBE_APP_PROBERS.
 	KubeAppProbers            string `env:"ISTIO_KUBE_APP_PROBERS" to:"prober" bad:"refuse"`
@@ -143,3 +143,18 @@ func (r *Ratio) UnmarshalText(b []byte) error {
 	*r = Ratio(f)
 	return nil
 }
+
+// Duration is a non-negative duration (time.ParseDuration's form).
+type Duration time.Duration
+
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil || v < 0 {
+		return fmt.Errorf("%q: want a non-negative duration", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// D is the duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }

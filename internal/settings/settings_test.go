@@ -89,7 +89,7 @@ func TestResolveBadValues(t *testing.T) {
 		{"ISTIO_DELTA_XDS=maybe", func(s *Settings) bool { return s.Env.DeltaXDS }, false},
 		{"ENVOY_STATUS_PORT=abc", func(s *Settings) bool { return s.Env.EnvoyStatusPort == 15021 }, false},
 		{"SECRET_GRACE_PERIOD_RATIO=2", func(s *Settings) bool { return s.Env.GracePeriodRatio == 0.5 }, false},
-		{"DNS_FORWARD_TIMEOUT=soon", func(s *Settings) bool { return s.Env.DNSForwardTimeo.Seconds() == 5 }, false},
+		{"DNS_FORWARD_TIMEOUT=soon", func(s *Settings) bool { return s.Env.DNSForwardTimeout.D().Seconds() == 5 }, false},
 		{"PROXY_CONFIG={", nil, true},
 	}
 	for _, tt := range tests {

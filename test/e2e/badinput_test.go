@@ -96,7 +96,8 @@ func TestBrokenHelperBinary(t *testing.T) {
 }
 
 // TestConfigThatDoesNotParse: `agentd run` with a proxy or probe configuration that does not
-// parse stops at once with exit status 1, a message naming the setting, and no process left.
+// parse (what Istio's agent refuses too) stops at once with exit status 1, a message naming the
+// setting, and no process left.
 func TestConfigThatDoesNotParse(t *testing.T) {
 	tests := []struct {
 		env, want string
@@ -105,8 +106,6 @@ func TestConfigThatDoesNotParse(t *testing.T) {
 		{"PROXY_CONFIG=concurrency: [not a number", "PROXY_CONFIG"},
 		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":`, "ISTIO_KUBE_APP_PROBERS"},
 		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":{"httpGet":{"port":"http"}}}`, "ISTIO_KUBE_APP_PROBERS"},
-		{"DNS_FORWARD_TIMEOUT=soon", "DNS_FORWARD_TIMEOUT"},
-		{"SECRET_TTL=-1h", "SECRET_TTL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -120,6 +119,22 @@ func TestConfigThatDoesNotParse(t *testing.T) {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // nothing should be left; if it is, it goes
 			if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), tt.want) {
 				t.Errorf("agentd run with %s: exit %d (%v), want 1 and a message naming %s:\n%s", tt.env, code, err, tt.want, out)
+			}
+		})
+	}
+}
+
+// TestConfigIstioWarnsAbout: a value Istio's agent warns about and replaces by its default
+// does not stop agentd either: it is logged, naming the variable, and the tree becomes ready
+// (a typo must not crash-loop a pod Istio would run).
+func TestConfigIstioWarnsAbout(t *testing.T) {
+	for _, env := range []string{"DNS_FORWARD_TIMEOUT=soon", "SECRET_TTL=-1h", "ISTIO_DELTA_XDS=maybe", "ENVOY_STATUS_PORT=abc"} {
+		name, _, _ := strings.Cut(env, "=")
+		t.Run(name, func(t *testing.T) {
+			a := startAgentd(t, []string{env}, "--disable-envoy")
+			a.WaitReady()
+			if log := a.Log.String(); !strings.Contains(log, "invalid environment variable") || !strings.Contains(log, name) {
+				t.Errorf("agentd with %s: no warning naming %s", env, name)
 			}
 		})
 	}
