@@ -1,8 +1,12 @@
 package component
 
 import (
+	"time"
+
 	"context"
 	"fmt"
+
+	"github.com/hashicorp/go-hclog"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -29,6 +33,32 @@ func (b *Bus) Publish(ctx context.Context, topic string, m proto.Message) error 
 	}
 	return nil
 }
+
+// Follow calls fn with the retained message of topic, then with every new one, until ctx
+// ends: a subscription that breaks (agentd's bus restarting its stream, a broken connection)
+// is made again with backoff, logged by log. The bus replays the topic's current message, so
+// nothing published meanwhile is missed. Every subscriber of a helper follows its topic so.
+func (b *Bus) Follow(ctx context.Context, topic string, log hclog.Logger, fn func(*agentv1.BusMessage)) {
+	wait := followBackoff
+	for {
+		err := b.Subscribe(ctx, []string{topic}, fn)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("bus subscription ended, subscribing again", "topic", topic, "error", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// followBackoff is Follow's first wait before it subscribes again.
+var followBackoff = 50 * time.Millisecond
 
 // Subscribe calls fn with the retained message of each topic, then with every new one, until
 // ctx ends or the stream breaks. fn runs on one goroutine, in order.

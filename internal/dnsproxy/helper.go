@@ -145,24 +145,10 @@ func (h *Helper) waitFirstTable(ctx context.Context) {
 // Ready returns an error until the first name table, as Istio's readiness does.
 func (h *Helper) Ready() error { return h.srv.Ready() }
 
-// followNameTable subscribes to the name table, again after every broken subscription,
-// until ctx ends. The bus replays the current table first, so a restarted dns-proxy answers
-// from it at once.
+// followNameTable follows the name table on the bus until ctx ends. The bus replays the
+// current table first, so a restarted dns-proxy answers from it at once.
 func (h *Helper) followNameTable(ctx context.Context) {
-	backoff := 50 * time.Millisecond
-	for {
-		err := h.bus.Subscribe(ctx, []string{agentv1.TopicNameTable}, h.onNameTable)
-		if ctx.Err() != nil {
-			return
-		}
-		h.log.Warn("name table subscription ended, resubscribing", "error", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
+	h.bus.Follow(ctx, agentv1.TopicNameTable, h.log, h.onNameTable)
 }
 
 func (h *Helper) onNameTable(m *agentv1.BusMessage) {

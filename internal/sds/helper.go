@@ -118,31 +118,16 @@ func (h *Helper) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// subscribe feeds the PCDS trust bundle published on the bus to the server, re-subscribing
-// with backoff while the bus is unreachable.
+// subscribe feeds the PCDS trust bundle published on the bus to the server.
 func (h *Helper) subscribe(ctx context.Context) {
-	wait := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := h.bus.Subscribe(ctx, []string{agentv1.TopicTrustBundle}, func(m *agentv1.BusMessage) {
-			var tb agentv1.TrustBundle
-			if err := m.GetPayload().UnmarshalTo(&tb); err != nil {
-				h.log.Warn("bad trust bundle on the bus", "error", err)
-				return
-			}
-			h.srv.SetTrustBundle(tb.GetCaCertificatesPem())
-		})
-		if err == nil || ctx.Err() != nil {
+	h.bus.Follow(ctx, agentv1.TopicTrustBundle, h.log, func(m *agentv1.BusMessage) {
+		var tb agentv1.TrustBundle
+		if err := m.GetPayload().UnmarshalTo(&tb); err != nil {
+			h.log.Warn("bad trust bundle on the bus", "error", err)
 			return
 		}
-		h.log.Debug("trust bundle subscription", "error", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
+		h.srv.SetTrustBundle(tb.GetCaCertificatesPem())
+	})
 }
 
 // Ready returns nil once the workload certificate is valid (or, files only, at once).

@@ -71,7 +71,7 @@ func (h *Helper) Run(ctx context.Context) error {
 		return h.proxy.Serve(ctx, h.l)
 	})
 	g.Go(func() error {
-		return h.bus.Subscribe(ctx, []string{agentv1.TopicWorkloadHealth}, func(m *agentv1.BusMessage) {
+		h.bus.Follow(ctx, agentv1.TopicWorkloadHealth, h.proxy.log, func(m *agentv1.BusMessage) {
 			var health agentv1.WorkloadHealth
 			if err := m.GetPayload().UnmarshalTo(&health); err != nil {
 				h.proxy.log.Error("ignoring a health report that does not decode", "error", err)
@@ -79,6 +79,7 @@ func (h *Helper) Run(ctx context.Context) error {
 			}
 			h.proxy.SetHealth(&health)
 		})
+		return nil
 	})
 	return g.Wait()
 }
