@@ -1,11 +1,10 @@
 package envoy
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,6 +24,8 @@ type ProcessOptions struct {
 	Args []string // Envoy's arguments (see Args)
 	Dir  string   // working directory: the root Istio's relative paths are under
 	Env  []string // Envoy's environment (Istio passes its own)
+	// Stdout and Stderr are Envoy's (default: agentd's own, as Istio's agent hands Envoy its).
+	Stdout, Stderr *os.File
 
 	AdminHost string // the admin API's host (the bootstrap's localhost)
 	AdminPort int    // ProxyConfig proxyAdminPort
@@ -110,47 +111,28 @@ func Start(binary string, o ProcessOptions) (*Process, error) {
 			return nil, err
 		}
 	}
-	// A plain pipe, not an io.Writer: os/exec would wait for every holder of the pipe (a
-	// process Envoy started) before reporting Envoy's exit.
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("start envoy: %w", err)
-	}
 	cmd := exec.Command(binary, o.Args...)
 	cmd.Dir, cmd.Env = o.Dir, o.Env
-	cmd.Stdout, cmd.Stderr = pw, pw
+	// Envoy's output is Envoy's, as under Istio's agent: its access log and its own log lines
+	// reach log pipelines exactly as it writes them, at every agentd log level. Files, not
+	// io.Writers: the child gets the descriptors themselves, and os/exec copies nothing.
+	cmd.Stdout, cmd.Stderr = cmp.Or(o.Stdout, os.Stdout), cmp.Or(o.Stderr, os.Stderr)
 	o.Log.Info("Envoy command", "binary", binary, "args", strings.Join(o.Args, " "))
 	p, err := proc.Start(cmd)
-	pw.Close()
 	if err != nil {
-		pr.Close()
 		if o.Cleanup != nil {
 			o.Cleanup()
 		}
 		return nil, fmt.Errorf("start envoy %s: %w", binary, err)
 	}
 	e := &Process{o: o, p: p, admin: NewAdmin(o.AdminHost, o.AdminPort), log: o.Log, done: make(chan struct{})}
-	out := &lineLogger{log: o.Log}
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		io.Copy(out, pr)
-		out.flush()
-	}()
-	go e.wait(pr, copied)
+	go e.wait()
 	return e, nil
 }
 
-// wait reports Envoy's exit once its output is logged (or, if something it started still
-// holds the pipe, shortly after).
-func (e *Process) wait(pr *os.File, copied <-chan struct{}) {
+// wait reports Envoy's exit.
+func (e *Process) wait() {
 	<-e.p.Done()
-	select {
-	case <-copied:
-	case <-time.After(200 * time.Millisecond):
-		pr.Close()
-		<-copied
-	}
 	switch err := e.p.Err(); {
 	case err == nil:
 		e.log.Info("Envoy exited normally", "pid", e.Pid())
@@ -171,7 +153,7 @@ func (e *Process) wait(pr *os.File, copied <-chan struct{}) {
 // Pid is Envoy's process id.
 func (e *Process) Pid() int { return e.p.Pid() }
 
-// Exited is closed once Envoy has exited and its output has been logged.
+// Exited is closed once Envoy has exited.
 func (e *Process) Exited() <-chan struct{} { return e.done }
 
 // Err is how Envoy exited.
@@ -373,58 +355,4 @@ func remaining(ctx context.Context) time.Duration {
 		return time.Until(dl)
 	}
 	return 24 * time.Hour
-}
-
-// lineLogger logs Envoy's output line by line at the level Envoy printed.
-type lineLogger struct {
-	log hclog.Logger
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (l *lineLogger) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf = append(l.buf, p...)
-	for {
-		i := bytes.IndexByte(l.buf, '\n')
-		if i < 0 {
-			break
-		}
-		l.line(string(l.buf[:i]))
-		l.buf = l.buf[i+1:]
-	}
-	if len(l.buf) > 64<<10 { // a line without end: log what there is
-		l.line(string(l.buf))
-		l.buf = l.buf[:0]
-	}
-	return len(p), nil
-}
-
-func (l *lineLogger) flush() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.buf) > 0 {
-		l.line(string(l.buf))
-		l.buf = nil
-	}
-}
-
-// line logs one line; Envoy's default format carries its level as "[level]".
-func (l *lineLogger) line(s string) {
-	s = strings.TrimRight(s, "\r")
-	if s == "" {
-		return
-	}
-	level := hclog.Info
-	for _, lv := range []struct {
-		tag   string
-		level hclog.Level
-	}{{"[trace]", hclog.Trace}, {"[debug]", hclog.Debug}, {"[warning]", hclog.Warn}, {"[error]", hclog.Error}, {"[critical]", hclog.Error}} {
-		if strings.Contains(s, lv.tag) {
-			level = lv.level
-			break
-		}
-	}
-	l.log.Log(level, s)
 }

@@ -521,3 +521,41 @@ func TestProcessCrash(t *testing.T) {
 		t.Errorf("no OOM hint in the log:\n%s", r.log.String())
 	}
 }
+
+// TestProcessOutputIsEnvoys: what Envoy writes (an access-log line, a log line of its own)
+// reaches agentd's stdout and stderr byte for byte, whatever agentd's log level: nothing
+// parses, re-levels or drops it, as under Istio's agent.
+func TestProcessOutputIsEnvoys(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "envoy")
+	access := `{"start_time":"2026-12-03T14:00:00.000Z","method":"GET","path":"/","response_code":200}`
+	own := `[2026-12-03 14:00:00.000][1][warning][config] a warning from Envoy`
+	body := "#!/bin/sh\nprintf '%s\\n' '" + access + "'\nprintf '%s\\n' '" + own + "' >&2\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _ := os.Create(filepath.Join(dir, "stdout"))
+	stderr, _ := os.Create(filepath.Join(dir, "stderr"))
+	defer stdout.Close()
+	defer stderr.Close()
+	var log strings.Builder
+	e, err := Start(script, ProcessOptions{Dir: dir, Stdout: stdout, Stderr: stderr,
+		Log: hclog.New(&hclog.LoggerOptions{Output: &log, Level: hclog.Error})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the script did not exit")
+	}
+	for f, want := range map[string]string{"stdout": access + "\n", "stderr": own + "\n"} {
+		got, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || string(got) != want {
+			t.Errorf("Envoy's %s = %q (%v), want %q as written", f, got, err, want)
+		}
+	}
+	if strings.Contains(log.String(), "start_time") || strings.Contains(log.String(), "a warning from Envoy") {
+		t.Errorf("agentd's log carries Envoy's output:\n%s", log.String())
+	}
+}
