@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -30,6 +31,10 @@ func main() {
 	}
 	if err := app.Run(flagsFirst(app.Commands, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "agentd:", err)
+		var pe proxyError
+		if errors.As(err, &pe) {
+			os.Exit(255) // pilot-agent's exit status on an error
+		}
 		os.Exit(1)
 	}
 }

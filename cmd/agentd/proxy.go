@@ -21,7 +21,7 @@ func proxyCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			p, err := settings.ParseProxyCommand(c.Args().Slice())
 			if err != nil {
-				return err
+				return proxyError{err}
 			}
 			level := p.LogLevel
 			if v := os.Getenv("AGENTD_LOG_LEVEL"); v != "" {
@@ -34,7 +34,15 @@ func proxyCommand() *cli.Command {
 			for _, f := range p.Unknown {
 				log.Info("ignoring unknown flag, as pilot-agent does", "flag", f)
 			}
-			return runAgent(log, p.Flags)
+			if err := runAgent(log, p.Flags); err != nil {
+				return proxyError{err}
+			}
+			return nil
 		},
 	}
 }
+
+// proxyError is an error of `agentd proxy`, which exits 255 as pilot-agent does.
+type proxyError struct{ error }
+
+func (e proxyError) Unwrap() error { return e.error }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,9 @@ type Agent struct {
 	envoyDrain envoy.DrainControl
 	// stops carries Stop's causes to Run: the first stops gracefully, the second at once.
 	stops chan error
+	// startup is istio_agent_startup_duration_seconds, set once, at the first readiness.
+	startup   prometheus.Gauge
+	startedUp sync.Once
 	// envoyExited is set when Envoy's exit stops agentd: the supervisor must not start it again
 	// while the tree stops.
 	envoyExited atomic.Bool
@@ -79,6 +83,10 @@ func New(s *settings.Settings, log hclog.Logger) (*Agent, error) {
 		log.Warn(w)
 	}
 	a := &Agent{s: s, cfg: cfg, log: log, bus: bus.New(), metrics: prometheus.NewRegistry(), stops: make(chan error, 2)}
+	a.startup = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "istio_agent_startup_duration_seconds", Help: "The time from the process starting to being marked ready.",
+	})
+	a.metrics.MustRegister(a.startup)
 	a.children = a.childTable(cfg)
 	inherited, err := systemdSockets()
 	if err != nil {
@@ -239,13 +247,22 @@ func (a *Agent) tuneRuntime() {
 	}
 }
 
-// Ready is agentd's readiness: every child ready, and the gRPC bootstrap in place.
+// Ready is agentd's readiness: every child ready, and the gRPC bootstrap in place. The first
+// time it is, istio_agent_startup_duration_seconds records the time since agentd started, as
+// Istio's agent records it at its first successful readiness check.
 func (a *Agent) Ready(ctx context.Context) error {
 	if err := a.sup.Ready(ctx); err != nil {
 		return err
 	}
-	return a.grpcReady()
+	if err := a.grpcReady(); err != nil {
+		return err
+	}
+	a.startedUp.Do(func() { a.startup.Set(time.Since(processStart).Seconds()) })
+	return nil
 }
+
+// processStart is when agentd started, for istio_agent_startup_duration_seconds.
+var processStart = time.Now()
 
 // Statuses, Restart and Swap are the supervisor's; Publish is the bus's: together with Ready
 // they are what the control socket serves.

@@ -139,3 +139,16 @@ func TestConfigIstioWarnsAbout(t *testing.T) {
 		})
 	}
 }
+
+// TestProxyStartErrorExits255: `agentd proxy` that cannot start exits 255, pilot-agent's
+// status on an error.
+func TestProxyStartErrorExits255(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("agentd"), "proxy", "sidecar", "--root", t.TempDir(), "--helpers-dir", binDir)
+	cmd.Env = append(os.Environ(), `PROXY_CONFIG={"discoveryAddress": `, "DISABLE_ENVOY=true")
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 255 || !strings.Contains(string(out), "PROXY_CONFIG") {
+		t.Errorf("agentd proxy with a PROXY_CONFIG that does not parse: exit %d, want 255 and a message naming it:\n%s", code, out)
+	}
+}

@@ -143,6 +143,10 @@ func TestStatusServerFollowsTree(t *testing.T) {
 				t.Errorf("merged metrics lack %s", name)
 			}
 		}
+		// Set at the first readiness, as Istio's agent sets it.
+		if f := fams["istio_agent_startup_duration_seconds"]; f == nil || f.GetMetric()[0].GetGauge().GetValue() <= 0 {
+			t.Errorf("istio_agent_startup_duration_seconds = %v, want the time to the first readiness", f)
+		}
 	})
 
 	before := childPids(t, a.WaitReady())
