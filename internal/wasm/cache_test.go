@@ -17,7 +17,7 @@ import (
 	"github.com/agentd/agentd/internal/wasm/wasmtest"
 )
 
-func newTestCache(t *testing.T, o Options) (*Cache, *Metrics) {
+func newTestCache(t testing.TB, o Options) (*Cache, *Metrics) {
 	t.Helper()
 	if o.Dir == "" {
 		o.Dir = t.TempDir()

@@ -45,16 +45,10 @@ const (
 )
 
 // Converter rewrites ECDS resources whose Wasm code is remote to load the cached file.
-type Converter struct {
-	cache   *Cache
-	log     interface{ Error(string, ...any) }
-	metrics *Metrics
-}
+type Converter struct{ cache *Cache }
 
 // NewConverter returns a converter fetching through c.
-func NewConverter(c *Cache) *Converter {
-	return &Converter{cache: c, log: c.log, metrics: c.metrics}
-}
+func NewConverter(c *Cache) *Converter { return &Converter{cache: c} }
 
 // Convert rewrites resources in place, each in parallel. A module that cannot be fetched is
 // replaced by an allow-all RBAC filter of the same name when its failure policy is
@@ -62,7 +56,7 @@ func NewConverter(c *Cache) *Converter {
 // as Istio does) is only for resources that do not decode or cannot be re-encoded.
 func (cv *Converter) Convert(ctx context.Context, resources []*anypb.Any) error {
 	start := time.Now()
-	defer func() { cv.metrics.conversionDuration.Observe(float64(time.Since(start).Milliseconds())) }()
+	defer func() { cv.cache.metrics.conversionDuration.Observe(float64(time.Since(start).Milliseconds())) }()
 	errs := make([]error, len(resources))
 	var wg sync.WaitGroup
 	for i := range resources {
@@ -90,11 +84,11 @@ type filter struct {
 func (cv *Converter) convert(ctx context.Context, res *anypb.Any) (*anypb.Any, error) {
 	ec, f, err := decode(res)
 	if err != nil {
-		cv.metrics.conversions.WithLabelValues(unmarshalFailure).Inc()
+		cv.cache.metrics.conversions.WithLabelValues(unmarshalFailure).Inc()
 		return nil, err
 	}
 	if f == nil {
-		cv.metrics.conversions.WithLabelValues(noRemoteLoad).Inc()
+		cv.cache.metrics.conversions.WithLabelValues(noRemoteLoad).Inc()
 		return nil, nil
 	}
 	status, err := cv.fetch(ctx, ec.GetName(), f.config)
@@ -108,12 +102,12 @@ func (cv *Converter) convert(ctx context.Context, res *anypb.Any) (*anypb.Any, e
 			err = fmt.Errorf("encoding the rewritten filter %s: %w", ec.GetName(), err)
 		}
 	}
-	cv.metrics.conversions.WithLabelValues(status).Inc()
+	cv.cache.metrics.conversions.WithLabelValues(status).Inc()
 	if err == nil {
 		return out, nil
 	}
 	open := failOpen(f.config)
-	cv.log.Error("cannot load a Wasm module: applying the fallback RBAC filter", "filter", ec.GetName(), "fail_open", open, "error", err)
+	cv.cache.log.Error("cannot load a Wasm module: applying the fallback RBAC filter", "filter", ec.GetName(), "fail_open", open, "error", err)
 	out, ferr := fallback(ec.GetName(), f.http, open)
 	if ferr != nil {
 		return nil, fmt.Errorf("building the fallback filter of %s: %w", ec.GetName(), ferr)
