@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/wasm"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -19,6 +24,7 @@ type Helper struct {
 	proxy   *Proxy
 	l       net.Listener
 	bus     *component.Bus
+	wasm    *wasm.Cache // nil when ECDS is forwarded untouched
 	serving atomic.Bool
 }
 
@@ -32,11 +38,48 @@ func New(env *component.Env) (component.Helper, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := NewProxy(ConfigFrom(&c), env.Log, env.Bus, env.Metrics)
+	cfg := ConfigFrom(&c)
+	var cache *wasm.Cache
+	if !c.GetWasm().GetConversionDisabled() {
+		if cache, err = NewWasmCache(c.GetWasm(), env.Log.Named("wasm"), env.Metrics); err != nil {
+			return nil, errors.Join(err, l.Close())
+		}
+		cfg.Wasm = wasm.NewConverter(cache)
+	}
+	p, err := NewProxy(cfg, env.Log, env.Bus, env.Metrics)
 	if err != nil {
 		return nil, errors.Join(err, l.Close())
 	}
-	return NewHelper(p, l, env.Bus), nil
+	h := NewHelper(p, l, env.Bus)
+	h.wasm = cache
+	return h, nil
+}
+
+// NewWasmCache builds the Wasm module cache of c; a blocked range that does not parse is
+// skipped with a warning, as Istio skips it.
+func NewWasmCache(c *agentv1.WasmConfig, log hclog.Logger, reg prometheus.Registerer) (*wasm.Cache, error) {
+	o := wasm.Options{
+		Dir:                   c.GetCacheDir(),
+		PurgeInterval:         c.GetPurgeInterval().AsDuration(),
+		ModuleExpiry:          c.GetModuleExpiry().AsDuration(),
+		InsecureRegistries:    c.GetInsecureRegistries(),
+		HTTPRequestTimeout:    c.GetHttpRequestTimeout().AsDuration(),
+		HTTPRequestMaxRetries: int(c.GetHttpRequestMaxRetries()),
+		MaxBinarySize:         c.GetMaxBinarySizeBytes(),
+	}
+	for _, s := range c.GetBlockedCidrs() {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			log.Warn("ignoring a blocked range that does not parse (BLOCKED_CIDRS_IN_WASM_FETCH)", "cidr", s, "error", err)
+			continue
+		}
+		o.BlockedCIDRs = append(o.BlockedCIDRs, p.Masked())
+	}
+	m, err := wasm.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return wasm.NewCache(o, log, m)
 }
 
 // NewHelper returns the helper serving p on l, with health reports from bus.
@@ -66,6 +109,9 @@ func ConfigFrom(c *agentv1.XDSProxyConfig) Config {
 // Run serves clients and passes the workload's health reports upstream until ctx ends.
 func (h *Helper) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
+	if h.wasm != nil {
+		g.Go(func() error { return h.wasm.Run(ctx) })
+	}
 	g.Go(func() error {
 		h.serving.Store(true)
 		return h.proxy.Serve(ctx, h.l)

@@ -46,6 +46,9 @@ type Config struct {
 	// ProxyConfig asks for PCDS the same way (PROXY_CONFIG_XDS_AGENT) and publishes its CA
 	// certificates as the trust bundle.
 	ProxyConfig bool
+	// Wasm, when set, rewrites ECDS responses before they are forwarded: remote Wasm code
+	// becomes a local file (ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION).
+	Wasm Converter
 }
 
 // Publisher is the bus, as the proxy uses it.

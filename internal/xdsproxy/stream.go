@@ -35,6 +35,8 @@ type flavour struct {
 	// handle and returns the ACK (or NACK) for it; nil for a response without resources,
 	// which Istio ignores.
 	consume func(data []byte, handle func(*anypb.Any) error) (proto.Message, error)
+	// rewrite re-encodes an ECDS response after convert, or returns its NACK (ecds.go).
+	rewrite func(data []byte, lastAck string, convert func([]*anypb.Any) error) ([]byte, proto.Message, error)
 }
 
 func typeURLField(m proto.Message) protowire.Number {
@@ -62,6 +64,7 @@ var sotw = &flavour{
 			ErrorDetail: nack(handle(r.Resources[0])),
 		}, nil
 	},
+	rewrite: sotwRewrite,
 }
 
 var delta = &flavour{
@@ -85,6 +88,7 @@ var delta = &flavour{
 			ErrorDetail: nack(handle(r.Resources[0].GetResource())),
 		}, nil
 	},
+	rewrite: deltaRewrite,
 }
 
 // nack is the error detail of a NACK for err: code 13 (INTERNAL), as Istio sends.
@@ -120,6 +124,10 @@ type pipe struct {
 	responses   chan *frame    // at most one response waits while another is handled
 	initialSent atomic.Bool    // the client's first LDS request has passed
 	ended       chan endReason // the first end of either side wins
+
+	ecds      *queue[*frame]         // ECDS responses waiting for their Wasm modules
+	converted chan *frame            // ECDS responses ready for the client
+	ecdsAck   atomic.Pointer[string] // the version of the client's last ECDS ACK
 }
 
 // endReason is how a stream ended and which side ended it.
@@ -161,6 +169,8 @@ func (p *Proxy) proxy(f *flavour, down grpc.ServerStream) error {
 		requests:  newQueue[any](),
 		responses: make(chan *frame, 1),
 		ended:     make(chan endReason, 4),
+		ecds:      newQueue[*frame](),
+		converted: make(chan *frame),
 	}
 	sess := &session{report: s.reportHealth}
 	p.mu.Lock()
@@ -179,7 +189,7 @@ func (s *pipe) run(ctx context.Context, cancel context.CancelFunc) error {
 	// the handler has returned, and then at once.
 	go s.receiveRequests()
 	var wg sync.WaitGroup
-	for _, w := range []func(context.Context){s.sendRequests, s.receiveResponses, s.handleResponses} {
+	for _, w := range []func(context.Context){s.sendRequests, s.receiveResponses, s.handleResponses, s.convertECDS} {
 		wg.Go(func() { w(ctx) })
 	}
 	var end endReason
@@ -208,6 +218,7 @@ func (s *pipe) receiveRequests() {
 			s.end(false, err)
 			return
 		}
+		s.noteECDSRequest(req)
 		s.requests.put(req)
 		if !s.initialSent.Load() && req.typeURL == ListenerType {
 			s.sendInitialRequests()
@@ -277,6 +288,11 @@ func (s *pipe) handleResponses(ctx context.Context) {
 				s.end(false, err)
 				return
 			}
+		case resp := <-s.converted:
+			if err := s.forward(resp); err != nil {
+				s.end(false, err)
+				return
+			}
 		case <-ctx.Done():
 			return
 		}
@@ -311,6 +327,15 @@ func (s *pipe) handleResponse(ctx context.Context, resp *frame) error {
 		s.log.Error("not forwarding a response of a type that is not Envoy's", "type", resp.typeURL)
 		return nil
 	}
+	if resp.typeURL == ExtensionConfigType && s.p.cfg.Wasm != nil {
+		s.ecds.put(resp)
+		return nil
+	}
+	return s.forward(resp)
+}
+
+// forward sends a response to the client.
+func (s *pipe) forward(resp *frame) error {
 	start := time.Now()
 	err := s.down.SendMsg(resp)
 	if d := time.Since(start); d > slowSend {

@@ -9,6 +9,7 @@ package agentv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -50,7 +51,10 @@ type XDSProxyConfig struct {
 	NameTable bool `protobuf:"varint,10,opt,name=name_table,json=nameTable,proto3" json:"name_table,omitempty"`
 	// Ask for PCDS the same way and publish its CA certificates as the trust bundle
 	// (PROXY_CONFIG_XDS_AGENT).
-	ProxyConfig   bool `protobuf:"varint,11,opt,name=proxy_config,json=proxyConfig,proto3" json:"proxy_config,omitempty"`
+	ProxyConfig bool `protobuf:"varint,11,opt,name=proxy_config,json=proxyConfig,proto3" json:"proxy_config,omitempty"`
+	// Wasm modules of ECDS filters: remote code is fetched, cached and rewritten to a local
+	// file before the client sees it. Every zero value means Istio's default.
+	Wasm          *WasmConfig `protobuf:"bytes,12,opt,name=wasm,proto3" json:"wasm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -162,11 +166,135 @@ func (x *XDSProxyConfig) GetProxyConfig() bool {
 	return false
 }
 
+func (x *XDSProxyConfig) GetWasm() *WasmConfig {
+	if x != nil {
+		return x.Wasm
+	}
+	return nil
+}
+
+// WasmConfig is the Wasm module fetch and cache of xds-proxy (Istio's pkg/wasm options).
+type WasmConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Forward ECDS untouched (ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION=false).
+	ConversionDisabled bool `protobuf:"varint,1,opt,name=conversion_disabled,json=conversionDisabled,proto3" json:"conversion_disabled,omitempty"`
+	// Where modules are cached; relative to the working directory (agentd's root). Default
+	// var/lib/istio/data (Istio's /var/lib/istio/data).
+	CacheDir string `protobuf:"bytes,2,opt,name=cache_dir,json=cacheDir,proto3" json:"cache_dir,omitempty"`
+	// WASM_PURGE_INTERVAL (1h) and WASM_MODULE_EXPIRY (24h).
+	PurgeInterval *durationpb.Duration `protobuf:"bytes,3,opt,name=purge_interval,json=purgeInterval,proto3" json:"purge_interval,omitempty"`
+	ModuleExpiry  *durationpb.Duration `protobuf:"bytes,4,opt,name=module_expiry,json=moduleExpiry,proto3" json:"module_expiry,omitempty"`
+	// WASM_INSECURE_REGISTRIES, split on commas; "*" allows every registry.
+	InsecureRegistries []string `protobuf:"bytes,5,rep,name=insecure_registries,json=insecureRegistries,proto3" json:"insecure_registries,omitempty"`
+	// WASM_HTTP_REQUEST_TIMEOUT (15s) and WASM_HTTP_REQUEST_MAX_RETRIES (5).
+	HttpRequestTimeout    *durationpb.Duration `protobuf:"bytes,6,opt,name=http_request_timeout,json=httpRequestTimeout,proto3" json:"http_request_timeout,omitempty"`
+	HttpRequestMaxRetries int32                `protobuf:"varint,7,opt,name=http_request_max_retries,json=httpRequestMaxRetries,proto3" json:"http_request_max_retries,omitempty"`
+	// ISTIO_WASM_MAX_BINARY_SIZE_BYTES (256 MiB).
+	MaxBinarySizeBytes int64 `protobuf:"varint,8,opt,name=max_binary_size_bytes,json=maxBinarySizeBytes,proto3" json:"max_binary_size_bytes,omitempty"`
+	// BLOCKED_CIDRS_IN_WASM_FETCH, parsed (Istio skips a bad range with a warning).
+	BlockedCidrs  []string `protobuf:"bytes,9,rep,name=blocked_cidrs,json=blockedCidrs,proto3" json:"blocked_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WasmConfig) Reset() {
+	*x = WasmConfig{}
+	mi := &file_agent_v1_xdsproxy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WasmConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WasmConfig) ProtoMessage() {}
+
+func (x *WasmConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_v1_xdsproxy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WasmConfig.ProtoReflect.Descriptor instead.
+func (*WasmConfig) Descriptor() ([]byte, []int) {
+	return file_agent_v1_xdsproxy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WasmConfig) GetConversionDisabled() bool {
+	if x != nil {
+		return x.ConversionDisabled
+	}
+	return false
+}
+
+func (x *WasmConfig) GetCacheDir() string {
+	if x != nil {
+		return x.CacheDir
+	}
+	return ""
+}
+
+func (x *WasmConfig) GetPurgeInterval() *durationpb.Duration {
+	if x != nil {
+		return x.PurgeInterval
+	}
+	return nil
+}
+
+func (x *WasmConfig) GetModuleExpiry() *durationpb.Duration {
+	if x != nil {
+		return x.ModuleExpiry
+	}
+	return nil
+}
+
+func (x *WasmConfig) GetInsecureRegistries() []string {
+	if x != nil {
+		return x.InsecureRegistries
+	}
+	return nil
+}
+
+func (x *WasmConfig) GetHttpRequestTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HttpRequestTimeout
+	}
+	return nil
+}
+
+func (x *WasmConfig) GetHttpRequestMaxRetries() int32 {
+	if x != nil {
+		return x.HttpRequestMaxRetries
+	}
+	return 0
+}
+
+func (x *WasmConfig) GetMaxBinarySizeBytes() int64 {
+	if x != nil {
+		return x.MaxBinarySizeBytes
+	}
+	return 0
+}
+
+func (x *WasmConfig) GetBlockedCidrs() []string {
+	if x != nil {
+		return x.BlockedCidrs
+	}
+	return nil
+}
+
 var File_agent_v1_xdsproxy_proto protoreflect.FileDescriptor
 
 const file_agent_v1_xdsproxy_proto_rawDesc = "" +
 	"\n" +
-	"\x17agent/v1/xdsproxy.proto\x12\x0fagentd.agent.v1\"\xc0\x03\n" +
+	"\x17agent/v1/xdsproxy.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xf1\x03\n" +
 	"\x0eXDSProxyConfig\x12+\n" +
 	"\x11discovery_address\x18\x01 \x01(\tR\x10discoveryAddress\x12\x1d\n" +
 	"\n" +
@@ -184,10 +312,22 @@ const file_agent_v1_xdsproxy_proto_rawDesc = "" +
 	"\n" +
 	"name_table\x18\n" +
 	" \x01(\bR\tnameTable\x12!\n" +
-	"\fproxy_config\x18\v \x01(\bR\vproxyConfig\x1a:\n" +
+	"\fproxy_config\x18\v \x01(\bR\vproxyConfig\x12/\n" +
+	"\x04wasm\x18\f \x01(\v2\x1b.agentd.agent.v1.WasmConfigR\x04wasm\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x03\n" +
+	"\n" +
+	"WasmConfig\x12/\n" +
+	"\x13conversion_disabled\x18\x01 \x01(\bR\x12conversionDisabled\x12\x1b\n" +
+	"\tcache_dir\x18\x02 \x01(\tR\bcacheDir\x12@\n" +
+	"\x0epurge_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rpurgeInterval\x12>\n" +
+	"\rmodule_expiry\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\fmoduleExpiry\x12/\n" +
+	"\x13insecure_registries\x18\x05 \x03(\tR\x12insecureRegistries\x12K\n" +
+	"\x14http_request_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x12httpRequestTimeout\x127\n" +
+	"\x18http_request_max_retries\x18\a \x01(\x05R\x15httpRequestMaxRetries\x121\n" +
+	"\x15max_binary_size_bytes\x18\b \x01(\x03R\x12maxBinarySizeBytes\x12#\n" +
+	"\rblocked_cidrs\x18\t \x03(\tR\fblockedCidrsB1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_v1_xdsproxy_proto_rawDescOnce sync.Once
@@ -201,18 +341,24 @@ func file_agent_v1_xdsproxy_proto_rawDescGZIP() []byte {
 	return file_agent_v1_xdsproxy_proto_rawDescData
 }
 
-var file_agent_v1_xdsproxy_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_agent_v1_xdsproxy_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_agent_v1_xdsproxy_proto_goTypes = []any{
-	(*XDSProxyConfig)(nil), // 0: agentd.agent.v1.XDSProxyConfig
-	nil,                    // 1: agentd.agent.v1.XDSProxyConfig.HeadersEntry
+	(*XDSProxyConfig)(nil),      // 0: agentd.agent.v1.XDSProxyConfig
+	(*WasmConfig)(nil),          // 1: agentd.agent.v1.WasmConfig
+	nil,                         // 2: agentd.agent.v1.XDSProxyConfig.HeadersEntry
+	(*durationpb.Duration)(nil), // 3: google.protobuf.Duration
 }
 var file_agent_v1_xdsproxy_proto_depIdxs = []int32{
-	1, // 0: agentd.agent.v1.XDSProxyConfig.headers:type_name -> agentd.agent.v1.XDSProxyConfig.HeadersEntry
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: agentd.agent.v1.XDSProxyConfig.headers:type_name -> agentd.agent.v1.XDSProxyConfig.HeadersEntry
+	1, // 1: agentd.agent.v1.XDSProxyConfig.wasm:type_name -> agentd.agent.v1.WasmConfig
+	3, // 2: agentd.agent.v1.WasmConfig.purge_interval:type_name -> google.protobuf.Duration
+	3, // 3: agentd.agent.v1.WasmConfig.module_expiry:type_name -> google.protobuf.Duration
+	3, // 4: agentd.agent.v1.WasmConfig.http_request_timeout:type_name -> google.protobuf.Duration
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_agent_v1_xdsproxy_proto_init() }
@@ -226,7 +372,7 @@ func file_agent_v1_xdsproxy_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_v1_xdsproxy_proto_rawDesc), len(file_agent_v1_xdsproxy_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
