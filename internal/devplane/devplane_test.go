@@ -42,11 +42,11 @@ func TestProxylessClient(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "services.yaml")
 	writeServices(t, file, b1)
-	services, err := devplane.LoadFile(file)
+	f, err := devplane.LoadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, srv := devplanetest.Devplane(t, services)
+	addr, srv := devplanetest.Devplane(t, f.Services)
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan error, 1)
 	go func() { watched <- srv.WatchFile(ctx, file) }()

@@ -4,7 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
 )
@@ -121,6 +124,49 @@ func TestNameTable(t *testing.T) {
 		info := nt.Table[host]
 		if got := [3]string{info.GetRegistry(), info.GetShortname(), info.GetNamespace()}; got != want {
 			t.Errorf("name table %s = %v, want %v", host, got, want)
+		}
+	}
+}
+
+func TestWasmPlugins(t *testing.T) {
+	f, err := ParseFile([]byte(testFile + `wasmPlugins:
+- name: stats
+  url: registry.example.com/wasm/stats:v1
+  failStrategy: FAIL_OPEN
+- name: local
+  namespace: ns
+  url: file:///opt/plugin.wasm
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := withPlugins(resources(generatorEnvoy, f.Services), f.WasmPlugins, "7")[resourcev3.ExtensionConfigType]
+	if len(res) != 2 {
+		t.Fatalf("%d ECDS resources, want 2", len(res))
+	}
+	tests := []struct {
+		name, uri, local string
+		policy           wasmv3.FailurePolicy
+	}{
+		{wasmResourcePrefix + "default.stats", "oci://registry.example.com/wasm/stats:v1", "", wasmv3.FailurePolicy_FAIL_OPEN},
+		{wasmResourcePrefix + "ns.local", "", "/opt/plugin.wasm", wasmv3.FailurePolicy_FAIL_CLOSED},
+	}
+	for i, tc := range tests {
+		ec := res[i].(*corev3.TypedExtensionConfig)
+		w := &httpwasm.Wasm{}
+		if err := ec.GetTypedConfig().UnmarshalTo(w); err != nil {
+			t.Fatal(err)
+		}
+		vm := w.GetConfig().GetVmConfig()
+		if ec.GetName() != tc.name || vm.GetCode().GetRemote().GetHttpUri().GetUri() != tc.uri ||
+			vm.GetCode().GetLocal().GetFilename() != tc.local || w.GetConfig().GetFailurePolicy() != tc.policy ||
+			vm.GetEnvironmentVariables().GetKeyValues()["ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"] != "7" {
+			t.Errorf("plugin %d = %v, want %+v", i, ec, tc)
+		}
+	}
+	for _, bad := range []string{"- {url: x}", "- {name: a, url: 'ftp://x'}", "- {name: a, url: x, failStrategy: NO}", "- {name: a, url: x, imagePullPolicy: Never}"} {
+		if _, err := ParseFile([]byte("wasmPlugins:\n" + bad + "\n")); err == nil {
+			t.Errorf("ParseFile(%s) accepted", bad)
 		}
 	}
 }

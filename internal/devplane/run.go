@@ -42,12 +42,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Log == nil {
 		cfg.Log = hclog.Default()
 	}
-	services, err := LoadFile(cfg.ServicesFile)
+	file, err := LoadFile(cfg.ServicesFile)
 	if err != nil {
 		return err
 	}
 	s := New(ctx, cfg.Log)
-	if err := s.Update(ctx, services); err != nil {
+	if err := s.UpdateFile(ctx, file); err != nil {
 		return err
 	}
 	xdsL, err := net.Listen("tcp", cfg.XDSAddress)
@@ -147,9 +147,9 @@ func (s *Server) WatchFile(ctx context.Context, path string) error {
 			s.log.Warn("watching services file", "error", err)
 		case <-reload:
 			reload = nil
-			services, err := LoadFile(path)
+			file, err := LoadFile(path)
 			if err == nil {
-				err = s.Update(ctx, services)
+				err = s.UpdateFile(ctx, file)
 			}
 			if err != nil {
 				s.log.Error("reload services, keeping the last good ones", "error", err)

@@ -59,6 +59,7 @@ type Server struct {
 	mu         sync.Mutex
 	version    int
 	services   []Service
+	plugins    []WasmPlugin
 	health     map[string]HealthReport // by node id
 	nacks      []NACK
 	deltaNodes map[int64]*corev3.Node // delta streams send their node only once
@@ -107,12 +108,27 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 func (s *Server) Update(ctx context.Context, services []Service) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.version > 0 && reflect.DeepEqual(services, s.services) {
+	return s.update(ctx, services, s.plugins)
+}
+
+// UpdateFile serves the services and Wasm plugins of f from now on.
+func (s *Server) UpdateFile(ctx context.Context, f File) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.update(ctx, f.Services, f.WasmPlugins)
+}
+
+func (s *Server) update(ctx context.Context, services []Service, plugins []WasmPlugin) error {
+	if s.version > 0 && reflect.DeepEqual(services, s.services) && reflect.DeepEqual(plugins, s.plugins) {
 		return nil
 	}
 	version := strconv.Itoa(s.version + 1)
 	for _, gen := range []string{generatorGRPC, generatorEnvoy} {
-		snap, err := cachev3.NewSnapshot(version, resources(gen, services))
+		res := resources(gen, services)
+		if gen == generatorEnvoy {
+			res = withPlugins(res, plugins, version)
+		}
+		snap, err := cachev3.NewSnapshot(version, res)
 		if err != nil {
 			return fmt.Errorf("build %s snapshot: %w", gen, err)
 		}
@@ -124,8 +140,8 @@ func (s *Server) Update(ctx context.Context, services []Service) error {
 		return fmt.Errorf("set name table: %w", err)
 	}
 	s.version++
-	s.services = services
-	s.log.Info("serving services", "version", version, "services", len(services))
+	s.services, s.plugins = services, plugins
+	s.log.Info("serving services", "version", version, "services", len(services), "wasm_plugins", len(plugins))
 	return nil
 }
 

@@ -17,8 +17,13 @@ import (
 //	  addresses: [10.96.0.12]
 //	  ports: [{name: grpc, port: 9080, protocol: GRPC}]
 //	  endpoints: [{address: 127.0.0.1, port: 50051}]
+//	wasmPlugins:
+//	- name: stats
+//	  namespace: default
+//	  url: oci://registry.example.com/wasm/stats:v1
 type File struct {
-	Services []Service `json:"services"`
+	Services    []Service    `json:"services"`
+	WasmPlugins []WasmPlugin `json:"wasmPlugins,omitempty"`
 }
 
 // Service is one service of the mesh.
@@ -51,36 +56,54 @@ type Endpoint struct {
 const registryKubernetes = "Kubernetes"
 
 // LoadFile reads and checks a services file.
-func LoadFile(path string) ([]Service, error) {
+func LoadFile(path string) (File, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read services file: %w", err)
+		return File{}, fmt.Errorf("read services file: %w", err)
 	}
-	services, err := ParseServices(data)
+	f, err := ParseFile(data)
 	if err != nil {
-		return nil, fmt.Errorf("services file %s: %w", path, err)
+		return File{}, fmt.Errorf("services file %s: %w", path, err)
 	}
-	return services, nil
+	return f, nil
 }
 
 // ParseServices decodes and checks the YAML of a services file, filling in defaults.
 func ParseServices(data []byte) ([]Service, error) {
+	f, err := ParseFile(data)
+	return f.Services, err
+}
+
+// ParseFile decodes and checks the YAML of a services file, filling in defaults.
+func ParseFile(data []byte) (File, error) {
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+		return File{}, fmt.Errorf("decode: %w", err)
 	}
+	if err := f.check(); err != nil {
+		return File{}, err
+	}
+	return f, nil
+}
+
+func (f *File) check() error {
 	seen := map[string]bool{}
 	for i := range f.Services {
 		s := &f.Services[i]
 		if err := s.check(); err != nil {
-			return nil, fmt.Errorf("service %d (%s): %w", i, s.Hostname, err)
+			return fmt.Errorf("service %d (%s): %w", i, s.Hostname, err)
 		}
 		if seen[s.Hostname] {
-			return nil, fmt.Errorf("service %d: hostname %s appears twice", i, s.Hostname)
+			return fmt.Errorf("service %d: hostname %s appears twice", i, s.Hostname)
 		}
 		seen[s.Hostname] = true
 	}
-	return f.Services, nil
+	for i := range f.WasmPlugins {
+		if err := f.WasmPlugins[i].check(); err != nil {
+			return fmt.Errorf("wasm plugin %d (%s): %w", i, f.WasmPlugins[i].Name, err)
+		}
+	}
+	return nil
 }
 
 func (s *Service) check() error {
