@@ -54,6 +54,12 @@ type checksumEntry struct {
 // half-written there.
 func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	o = o.withDefaults()
+	// Envoy gets absolute paths, as Istio gives them, whatever its working directory.
+	dir, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("the Wasm cache directory: %w", err)
+	}
+	o.Dir = dir
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the Wasm cache directory: %w", err)
 	}
