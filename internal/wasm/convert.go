@@ -10,13 +10,11 @@ import (
 
 	udpav1 "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
-	httprbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
-	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -226,21 +224,32 @@ func failOpen(pc *wasmv3.PluginConfig) bool {
 	return pc.GetFailOpen() //nolint:staticcheck // deprecated, still honoured as Istio does
 }
 
+// The RBAC filters that replace a module, encoded here rather than through Envoy's RBAC
+// protos: those pull in the route, matcher and CEL protos, whose registration every agentd
+// process would pay for at start (about 400 KB of heap each). The tests decode them with the
+// real protos.
+const (
+	httpRBACType    = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+	networkRBACType = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC"
+	rbacRulesField  = 1 // both: rules (envoy.config.rbac.v3.RBAC)
+	httpStatField   = 6 // http: rules_stat_prefix
+	netStatField    = 3 // network: stat_prefix
+)
+
 // fallback is the RBAC filter named like the module's: no rules allow everything, empty
-// rules deny everything.
+// rules (no policies) deny everything.
 func fallback(name string, http, open bool) (*anypb.Any, error) {
-	var rules *rbacv3.RBAC
-	prefix := allowStatPrefix
-	if !open {
-		rules, prefix = &rbacv3.RBAC{}, denyStatPrefix
-	}
-	var m proto.Message = &netrbac.RBAC{Rules: rules, StatPrefix: prefix}
+	typeURL, statField, prefix := networkRBACType, protowire.Number(netStatField), allowStatPrefix
 	if http {
-		m = &httprbac.RBAC{Rules: rules, RulesStatPrefix: prefix}
+		typeURL, statField = httpRBACType, httpStatField
 	}
-	tc, err := anypb.New(m)
-	if err != nil {
-		return nil, err
+	var b []byte
+	if !open {
+		prefix = denyStatPrefix
+		b = protowire.AppendTag(b, rbacRulesField, protowire.BytesType)
+		b = protowire.AppendBytes(b, nil)
 	}
-	return anypb.New(&corev3.TypedExtensionConfig{Name: name, TypedConfig: tc})
+	b = protowire.AppendTag(b, statField, protowire.BytesType)
+	b = protowire.AppendString(b, prefix)
+	return anypb.New(&corev3.TypedExtensionConfig{Name: name, TypedConfig: &anypb.Any{TypeUrl: typeURL, Value: b}})
 }
