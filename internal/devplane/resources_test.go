@@ -1,12 +1,14 @@
 package devplane
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
@@ -140,7 +142,31 @@ func TestWasmPlugins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := withPlugins(resources(generatorEnvoy, f.Services), f.WasmPlugins, "7")[resourcev3.ExtensionConfigType]
+	all := withPlugins(resources(generatorEnvoy, f.Services), f.WasmPlugins, "7")
+	found := false
+	for _, l := range all[resourcev3.ListenerType] {
+		if l.(*listenerv3.Listener).GetName() != "0.0.0.0_9080" {
+			continue
+		}
+		found = true
+		hcm := &hcmv3.HttpConnectionManager{}
+		if err := l.(*listenerv3.Listener).GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, hf := range hcm.GetHttpFilters() {
+			if hf.GetConfigDiscovery() != nil {
+				names = append(names, hf.GetName())
+			}
+		}
+		if want := []string{wasmResourcePrefix + "default.stats", wasmResourcePrefix + "ns.local"}; !slices.Equal(names, want) {
+			t.Errorf("listener 0.0.0.0_9080 fetches %v by ECDS, want %v", names, want)
+		}
+	}
+	if !found {
+		t.Error("no listener 0.0.0.0_9080")
+	}
+	res := all[resourcev3.ExtensionConfigType]
 	if len(res) != 2 {
 		t.Fatalf("%d ECDS resources, want 2", len(res))
 	}

@@ -3,11 +3,14 @@ package devplane
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -102,10 +105,40 @@ func (w WasmPlugin) extensionConfig(version string) *corev3.TypedExtensionConfig
 	return &corev3.TypedExtensionConfig{Name: w.ResourceName(), TypedConfig: mustAny(filter)}
 }
 
-// withPlugins adds the plugins' ECDS resources to an Envoy generator's resources.
+// withPlugins adds the plugins' ECDS resources to an Envoy generator's resources, and to its
+// HTTP listeners a filter per plugin, before the router, that fetches the plugin by ECDS (as
+// istiod inserts a WasmPlugin, with the RBAC type its fallback has).
 func withPlugins(res map[resourcev3.Type][]types.Resource, plugins []WasmPlugin, version string) map[resourcev3.Type][]types.Resource {
+	if len(plugins) == 0 {
+		return res
+	}
+	var filters []*hcmv3.HttpFilter
 	for _, w := range plugins {
 		res[resourcev3.ExtensionConfigType] = append(res[resourcev3.ExtensionConfigType], w.extensionConfig(version))
+		filters = append(filters, &hcmv3.HttpFilter{
+			Name: w.ResourceName(),
+			ConfigType: &hcmv3.HttpFilter_ConfigDiscovery{ConfigDiscovery: &corev3.ExtensionConfigSource{
+				ConfigSource: adsSource(),
+				TypeUrls:     []string{httpWasmType, httpRBACType},
+			}},
+		})
+	}
+	for _, r := range res[resourcev3.ListenerType] {
+		for _, fc := range r.(*listenerv3.Listener).GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				hcm.HttpFilters = append(slices.Clone(filters), hcm.HttpFilters...)
+				f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}
+			}
+		}
 	}
 	return res
 }
+
+const (
+	httpWasmType = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+	httpRBACType = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+)

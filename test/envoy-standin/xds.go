@@ -10,6 +10,7 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -37,11 +38,12 @@ const (
 
 // statPrefix is where Envoy counts the updates of each type.
 var statPrefix = map[string]string{
-	typeCDS: "cluster_manager.cds",
-	typeLDS: "listener_manager.lds",
-	typeEDS: "cluster_manager.eds",
-	typeRDS: "http.rds",
-	typeSDS: "sds",
+	typeCDS:  "cluster_manager.cds",
+	typeLDS:  "listener_manager.lds",
+	typeEDS:  "cluster_manager.eds",
+	typeRDS:  "http.rds",
+	typeSDS:  "sds",
+	typeECDS: "extension_config_discovery", // Envoy counts per filter; the stand-in per type
 }
 
 // dial connects to a Unix socket path (relative to the working directory, as Envoy's pipes).
@@ -92,7 +94,7 @@ type xdsClient struct {
 func newXDSClient(s *server, path string, delta bool) *xdsClient {
 	c := &xdsClient{s: s, path: path, delta: delta, accepted: map[string]map[string]*anypb.Any{}, versions: map[string]string{},
 		resVers: map[string]map[string]string{}, subs: map[string][]string{}, seen: map[string]bool{}, listeners: map[string]bool{}}
-	for _, t := range []string{typeCDS, typeLDS, typeEDS, typeRDS} {
+	for _, t := range []string{typeCDS, typeLDS, typeEDS, typeRDS, typeECDS} {
 		c.accepted[t], c.resVers[t] = map[string]*anypb.Any{}, map[string]string{}
 	}
 	return c
@@ -238,10 +240,10 @@ func (c *xdsClient) deltaSession(ctx context.Context, ads discoveryv3.Aggregated
 	}
 }
 
-// wanted are the types to request: CDS and LDS always, EDS and RDS once names are known.
+// wanted are the types to request: CDS and LDS always, EDS, RDS and ECDS once names are known.
 func (c *xdsClient) wanted() []string {
 	t := []string{typeCDS, typeLDS}
-	for _, named := range []string{typeEDS, typeRDS} {
+	for _, named := range []string{typeEDS, typeRDS, typeECDS} {
 		if len(c.subs[named]) > 0 {
 			t = append(t, named)
 		}
@@ -302,6 +304,9 @@ func (c *xdsClient) apply(u update, delta bool) (changed []string, err error) {
 	case typeLDS:
 		if c.resubscribe(typeRDS, rdsNames(c.accepted[typeLDS])) {
 			changed = append(changed, typeRDS)
+		}
+		if c.resubscribe(typeECDS, ecdsNames(c.accepted[typeLDS])) {
+			changed = append(changed, typeECDS)
 		}
 		c.applyListeners()
 	}
@@ -380,6 +385,8 @@ func resourceName(a *anypb.Any) (string, error) {
 		return r.GetName(), nil
 	case *tlsv3.Secret:
 		return r.GetName(), nil
+	case *corev3.TypedExtensionConfig:
+		return r.GetName(), nil
 	}
 	return "", fmt.Errorf("unexpected resource type %s", a.GetTypeUrl())
 }
@@ -391,7 +398,10 @@ func validateResource(a *anypb.Any) error {
 	if err != nil {
 		return err
 	}
-	return configcheck.ValidateKnown(m)
+	if err := configcheck.ValidateKnown(m); err != nil {
+		return err
+	}
+	return checkWasm(m)
 }
 
 // edsNames are the EDS service names of the EDS clusters.
