@@ -251,3 +251,19 @@ func decodeRequest(t testing.TB, fl string, b []byte) (version, nonce, detail st
 	}
 	return "", r.ResponseNonce, r.GetErrorDetail().GetMessage()
 }
+
+// TestNewWasmCacheBlockedCIDRs: a range that does not parse is skipped, as Istio skips it,
+// and the others still block.
+func TestNewWasmCacheBlockedCIDRs(t *testing.T) {
+	srv := wasmtest.Start(t, wasmtest.Module("cidr"))
+	cache, err := NewWasmCache(&agentv1.WasmConfig{
+		CacheDir:     tempDir(t),
+		BlockedCidrs: []string{"bogus", " 127.0.0.0/8 ", "::1/128"},
+	}, hclog.NewNullLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := cache.Get(t.Context(), srv.HTTP+"/plugin.wasm", wasm.GetOptions{}); err == nil || !strings.Contains(err.Error(), "blocked") {
+		t.Errorf("Get from a blocked range = %q, %v; want blocked", p, err)
+	}
+}
