@@ -50,8 +50,8 @@ type checksumEntry struct {
 	versions map[string]string // resource version by resource name, for the pull policy
 }
 
-// NewCache returns a cache in o.Dir, creating it, and removes what a killed process left
-// half-written there.
+// NewCache returns a cache in o.Dir and removes what a killed process left half-written
+// there.
 func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	o = o.withDefaults()
 	// Envoy gets absolute paths, as Istio gives them, whatever its working directory.
@@ -59,10 +59,7 @@ func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the Wasm cache directory: %w", err)
 	}
-	o.Dir = dir
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating the Wasm cache directory: %w", err)
-	}
+	o.Dir = dir // created with the first module: a directory that cannot be made fails fetches, not xDS
 	leftovers, _ := filepath.Glob(filepath.Join(o.Dir, "*", "*.wasm.tmp*"))
 	for _, f := range leftovers {
 		_ = os.Remove(f)

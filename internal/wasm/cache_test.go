@@ -227,3 +227,15 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// TestUnwritableDir: a cache directory that cannot be created fails the fetch (and so the
+// filter falls back), never the cache's creation, which would stop xds-proxy.
+func TestUnwritableDir(t *testing.T) {
+	srv := wasmtest.Start(t, wasmtest.Module("unwritable"))
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	c, _ := newTestCache(t, Options{Dir: filepath.Join(file, "data")}) // under a regular file
+	if p, err := c.Get(t.Context(), srv.HTTP+"/plugin.wasm", GetOptions{}); err == nil {
+		t.Fatalf("Get = %s, want an error", p)
+	}
+}
