@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/agentd/agentd/internal/memory"
 )
 
 const ociPrefix = "oci://"
@@ -174,6 +176,9 @@ func (c *Cache) fetch(ctx context.Context, u *url.URL, r request, secret []byte)
 			return "", fmt.Errorf("reading the module of image %s: %w", r.url, err)
 		}
 		module = b
+	}
+	if len(module) >= memory.Large {
+		defer memory.Release() // a module is read whole: give the heap back once it is on disk
 	}
 	if !validWasm(module) {
 		c.fetched(invalidBinary)
