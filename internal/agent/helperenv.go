@@ -31,7 +31,9 @@ var (
 	// upstreams from the resolv.conf it is given; the prober only dials the pod's own
 	// addresses, never through a proxy.
 	helperEnvAllowed = map[string][]string{
-		"xds-proxy":  helperEnvUpstream,
+		// xds-proxy also reads Docker's keychain for Wasm images without a pull secret, as
+		// Istio's agent does.
+		"xds-proxy":  append(slices.Clone(helperEnvUpstream), "DOCKER_CONFIG", "HOME"),
 		"sds-server": helperEnvUpstream,
 	}
 )

@@ -27,7 +27,7 @@ func TestHelperEnv(t *testing.T) {
 	}{
 		{"dns-proxy", common}, // it picks its own GOMAXPROCS
 		{"prober", append(slices.Clone(common), "GOMAXPROCS=1")},
-		{"xds-proxy", append(slices.Clone(upstream), "GOMAXPROCS=1")},
+		{"xds-proxy", append([]string{"HOME=/root"}, append(slices.Clone(upstream), "GOMAXPROCS=1")...)}, // HOME: Docker's keychain
 		{"sds-server", append(slices.Clone(upstream), "GOMAXPROCS=1")},
 		{"unknown", append(slices.Clone(common), "GOMAXPROCS=1")},
 	}

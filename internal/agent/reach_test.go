@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -115,13 +116,7 @@ func TestEveryVariableReachesItsProcesses(t *testing.T) {
 		t.Run(row.Name, func(t *testing.T) {
 			exs := examples[row.Name]
 			if exs == nil {
-				v := "/x/y.pem"
-				if row.Default == "false" || row.Default == "" && slices.Contains([]string{"ISTIO_DUAL_STACK", "ISTIO_ENVOY_ENABLE_CORE_DUMP",
-					"EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "AGENTD_EXIT_ON_ENVOY_EXIT", "METRICS_LOCALHOST_ACCESS_ONLY", "PROXY_CONFIG_XDS_AGENT",
-					"PKCS8_KEY", "ISTIO_META_DNS_CAPTURE", "ISTIO_META_ENABLE_DNS_SERVER"}, row.Name) {
-					v = "true"
-				}
-				exs = []example{{set: v}}
+				exs = []example{{set: exampleOf(row)}}
 			}
 			changed := map[string]bool{}
 			for _, ex := range exs {
@@ -159,4 +154,24 @@ func TestEveryVariableReachesItsProcesses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// exampleOf is a valid value of row's type that is not its default.
+func exampleOf(row settings.Row) string {
+	switch row.Type {
+	case reflect.TypeFor[bool]():
+		if row.Default == "true" {
+			return "false"
+		}
+		return "true"
+	case reflect.TypeFor[settings.Duration]():
+		return "7m"
+	case reflect.TypeFor[settings.Count]():
+		return "7"
+	case reflect.TypeFor[settings.Port]():
+		return "15099"
+	case reflect.TypeFor[settings.Ratio]():
+		return "0.25"
+	}
+	return "/x/y.pem"
 }

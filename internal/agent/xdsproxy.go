@@ -5,15 +5,32 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"strings"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	meshv1 "istio.io/api/mesh/v1alpha1"
 
 	"github.com/agentd/agentd/internal/settings"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// plaintextPort is istiod's plaintext xDS port: agentd never speaks TLS to it.
-const plaintextPort = "15010"
+const (
+	// plaintextPort is istiod's plaintext xDS port: agentd never speaks TLS to it.
+	plaintextPort = "15010"
+	// WasmCacheDir is where xds-proxy caches Wasm modules (Istio's /var/lib/istio/data).
+	WasmCacheDir = "var/lib/istio/data"
+)
+
+// splitList is a comma-separated list without empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
 
 // xdsProxyConfig is xds-proxy's configuration, as Istio's agent sets up its xDS proxy: the
 // discovery address, cluster ID and XDS_HEADER_* headers, TLS with Istio's xDS root,
@@ -32,6 +49,17 @@ func xdsProxyConfig(s *settings.Settings) (*agentv1.XDSProxyConfig, error) {
 		TokenPath:        s.Path(settings.TokenFile),
 		NameTable:        s.DNSOn(),
 		ProxyConfig:      e.ProxyConfigXDS,
+		Wasm: &agentv1.WasmConfig{
+			ConversionDisabled:    !e.WasmConversion,
+			CacheDir:              s.Path(WasmCacheDir),
+			PurgeInterval:         durationpb.New(e.WasmPurgeInterval.D()),
+			ModuleExpiry:          durationpb.New(e.WasmModuleExpiry.D()),
+			InsecureRegistries:    splitList(e.WasmInsecure),
+			HttpRequestTimeout:    durationpb.New(e.WasmHTTPTimeout.D()),
+			HttpRequestMaxRetries: int32(e.WasmHTTPMaxRetries),
+			MaxBinarySizeBytes:    int64(e.WasmMaxBinarySize),
+			BlockedCidrs:          splitList(e.WasmBlockedCIDRs),
+		},
 	}
 	_, port, _ := net.SplitHostPort(cfg.DiscoveryAddress)
 	cfg.Tls = s.ProxyConfig.GetControlPlaneAuthPolicy() != meshv1.AuthenticationPolicy_NONE && port != plaintextPort

@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/agentd/agentd/internal/grpcbootstrap"
 	"github.com/agentd/agentd/internal/settings"
@@ -22,6 +24,10 @@ func TestXDSProxyConfig(t *testing.T) {
 		// ClusterId unset: Istio's agent sends "" and istiod takes its own cluster.
 		DiscoveryAddress: "istiod.istio-system.svc:15012", Headers: map[string]string{},
 		Tls: true, RootCert: filepath.Join(root, settings.IstiodRootCert), TokenPath: filepath.Join(root, "var/run/secrets/tokens/istio-token"),
+		Wasm: &agentv1.WasmConfig{ // Istio's defaults
+			CacheDir: filepath.Join(root, "var/lib/istio/data"), PurgeInterval: durationpb.New(time.Hour), ModuleExpiry: durationpb.New(24 * time.Hour),
+			HttpRequestTimeout: durationpb.New(15 * time.Second), HttpRequestMaxRetries: 5, MaxBinarySizeBytes: 256 << 20,
+		},
 	}
 	with := func(f func(c *agentv1.XDSProxyConfig)) *agentv1.XDSProxyConfig {
 		c := proto.Clone(base).(*agentv1.XDSProxyConfig)
@@ -42,6 +48,16 @@ func TestXDSProxyConfig(t *testing.T) {
 		}, nil, with(func(c *agentv1.XDSProxyConfig) {
 			c.ClusterId, c.Headers, c.IstiodSan = "c1", map[string]string{"X-Tenant": "t1"}, "istiod.example"
 			c.NameTable, c.ProxyConfig, c.RootCert = true, true, "/roots/xds.pem"
+		})},
+		{"wasm settings", "", []string{
+			"ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION=false", "WASM_PURGE_INTERVAL=2h", "WASM_MODULE_EXPIRY=1h",
+			"WASM_HTTP_REQUEST_TIMEOUT=3s", "WASM_HTTP_REQUEST_MAX_RETRIES=1", "ISTIO_WASM_MAX_BINARY_SIZE_BYTES=1024",
+			"WASM_INSECURE_REGISTRIES=a.example, b.example", "BLOCKED_CIDRS_IN_WASM_FETCH=10.0.0.0/8",
+		}, nil, with(func(c *agentv1.XDSProxyConfig) {
+			w := c.Wasm
+			w.ConversionDisabled, w.PurgeInterval, w.ModuleExpiry = true, durationpb.New(2*time.Hour), durationpb.New(time.Hour)
+			w.HttpRequestTimeout, w.HttpRequestMaxRetries, w.MaxBinarySizeBytes = durationpb.New(3*time.Second), 1, 1024
+			w.InsecureRegistries, w.BlockedCidrs = []string{"a.example", "b.example"}, []string{"10.0.0.0/8"}
 		})},
 		{"DNS server on a gateway", "", []string{"ISTIO_META_ENABLE_DNS_SERVER=true"}, nil, with(func(c *agentv1.XDSProxyConfig) { c.NameTable = true })},
 		{"PROXY_CONFIG address", "", []string{"PROXY_CONFIG={discoveryAddress: istiod.other:15011}"}, nil,

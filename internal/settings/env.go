@@ -64,6 +64,16 @@ type Env struct {
 	TLSClientKey       string `env:"ISTIO_META_TLS_CLIENT_KEY" to:"xds-proxy,envoy" bad:"warn"`
 	TLSClientRootCert  string `env:"ISTIO_META_TLS_CLIENT_ROOT_CERT" to:"xds-proxy,envoy" bad:"warn"`
 
+	// Wasm modules of ECDS (xds-proxy): fetched, verified, cached and rewritten to local files.
+	WasmConversion     bool     `env:"ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION" envDefault:"true" to:"xds-proxy" bad:"warn"`
+	WasmPurgeInterval  Duration `env:"WASM_PURGE_INTERVAL" envDefault:"1h" to:"xds-proxy" bad:"warn"`
+	WasmModuleExpiry   Duration `env:"WASM_MODULE_EXPIRY" envDefault:"24h" to:"xds-proxy" bad:"warn"`
+	WasmHTTPTimeout    Duration `env:"WASM_HTTP_REQUEST_TIMEOUT" envDefault:"15s" to:"xds-proxy" bad:"warn"`
+	WasmHTTPMaxRetries Count    `env:"WASM_HTTP_REQUEST_MAX_RETRIES" envDefault:"5" to:"xds-proxy" bad:"warn"`
+	WasmMaxBinarySize  Count    `env:"ISTIO_WASM_MAX_BINARY_SIZE_BYTES" envDefault:"268435456" to:"xds-proxy" bad:"warn"`
+	WasmInsecure       string   `env:"WASM_INSECURE_REGISTRIES" to:"xds-proxy" bad:"warn"`    // comma-separated; * is every registry
+	WasmBlockedCIDRs   string   `env:"BLOCKED_CIDRS_IN_WASM_FETCH" to:"xds-proxy" bad:"warn"` // comma-separated; xds-proxy warns about a bad one
+
 	// Workload certificates (sds-server).
 	CAAddr                 string   `env:"CA_ADDR" to:"sds-server" bad:"warn"`
 	CARootCA               string   `env:"CA_ROOT_CA" to:"sds-server" bad:"warn"`

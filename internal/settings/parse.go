@@ -75,6 +75,7 @@ type Row struct {
 	Default string   // Istio's default
 	To      []string // the processes whose configuration it changes
 	Bad     Bad
+	Type    reflect.Type // its parsed type (string, bool, Duration, Count, Port, Ratio)
 }
 
 // Rows is the Env table, in its order.
@@ -85,7 +86,7 @@ func Rows() []Row {
 		f := t.Field(i)
 		rows = append(rows, Row{
 			Field: f.Name, Name: f.Tag.Get("env"), Default: f.Tag.Get("envDefault"),
-			To: strings.Split(f.Tag.Get("to"), ","), Bad: Bad(f.Tag.Get("bad")),
+			To: strings.Split(f.Tag.Get("to"), ","), Bad: Bad(f.Tag.Get("bad")), Type: f.Type,
 		})
 	}
 	return rows
