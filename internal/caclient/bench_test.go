@@ -33,7 +33,7 @@ func BenchmarkCSR(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := Verify(chain, key.Public(), nil, time.Now()); err != nil {
+				if _, err := Verify(chain, key.Public(), time.Now()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -51,11 +51,13 @@ type Options struct {
 	// TokenFile holds the bearer token (the istio-ca audience JWT), read on every call; a
 	// missing or empty file sends no authorization header.
 	TokenFile string
-	// ClusterID is sent as the ClusterID header (ISTIO_META_CLUSTER_ID).
+	// ClusterID is sent as the ClusterID header (ISTIO_META_CLUSTER_ID) exactly as given, ""
+	// included: istiod maps an empty one to its own cluster, so there is no default here.
 	ClusterID string
 	// Headers are extra gRPC headers (CA_HEADER_<name>=value).
 	Headers map[string]string
-	// CertSigner, when set, is sent as the CertSigner request metadata (ISTIO_META_CERT_SIGNER).
+	// CertSigner is sent as the CertSigner request metadata (ISTIO_META_CERT_SIGNER); every
+	// request carries it, "" included, as Istio's do.
 	CertSigner string
 	// OnRetry is called before each retry of a failed call (metrics).
 	OnRetry func(err error)
@@ -84,9 +86,9 @@ func Plaintext(addr string) bool { return strings.HasSuffix(addr, ":15010") }
 // chain it answers, leaf first. Failures are retried as Istio does; after a failed call the
 // connection is rebuilt, so that a rotated CA root file is read again.
 func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]string, error) {
-	req := &securityv1alpha1.IstioCertificateRequest{Csr: string(csrPEM), ValidityDuration: int64(ttl.Seconds())}
-	if c.opts.CertSigner != "" {
-		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{"CertSigner": structpb.NewStringValue(c.opts.CertSigner)}}
+	req := &securityv1alpha1.IstioCertificateRequest{
+		Csr: string(csrPEM), ValidityDuration: int64(ttl.Seconds()),
+		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"CertSigner": structpb.NewStringValue(c.opts.CertSigner)}},
 	}
 	var err error
 	for attempt := range maxAttempts {
@@ -116,12 +118,9 @@ func (c *Client) call(ctx context.Context, req *securityv1alpha1.IstioCertificat
 	if err != nil {
 		return nil, err
 	}
-	md := metadata.MD{}
-	if c.opts.ClusterID != "" {
-		md.Set("ClusterID", c.opts.ClusterID)
-	}
+	md := metadata.Pairs("ClusterID", c.opts.ClusterID)
 	for k, v := range c.opts.Headers {
-		md.Set(k, v)
+		md.Append(k, v)
 	}
 	if tok, err := os.ReadFile(c.opts.TokenFile); err == nil && len(strings.TrimSpace(string(tok))) > 0 {
 		md.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))

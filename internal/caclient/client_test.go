@@ -3,7 +3,6 @@ package caclient
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"net"
 	"net/url"
 	"os"
@@ -110,7 +109,7 @@ func TestSign(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Sign: %v", err)
 		}
-		leaf, err := Verify(chain, key.Public(), nil, time.Now())
+		leaf, err := Verify(chain, key.Public(), time.Now())
 		if err != nil {
 			t.Fatalf("Verify: %v", err)
 		}
@@ -148,8 +147,13 @@ func TestSignNoToken(t *testing.T) {
 	if got := md.Get("authorization"); len(got) != 0 {
 		t.Errorf("authorization = %v, want none for a missing token file", got)
 	}
-	if req.GetMetadata() != nil {
-		t.Errorf("metadata = %v, want none without a CertSigner", req.GetMetadata())
+	// As Istio: CertSigner and ClusterID are sent even when empty (istiod reads "" as its own
+	// cluster); nothing defaults them here.
+	if v, ok := req.GetMetadata().GetFields()["CertSigner"]; !ok || v.GetStringValue() != "" {
+		t.Errorf("metadata = %v, want {CertSigner: \"\"}", req.GetMetadata())
+	}
+	if got := md.Get("clusterid"); len(got) != 1 || got[0] != "" {
+		t.Errorf("clusterid = %q, want one empty value", got)
 	}
 }
 
@@ -247,6 +251,8 @@ func TestPlaintext(t *testing.T) {
 	}
 }
 
+// TestVerify: what a CA answer must be before it is served. Answers Istio's agent takes are
+// taken (another root, a leaf not yet valid); answers no Envoy can use are refused.
 func TestVerify(t *testing.T) {
 	good, _ := ca.New(ca.Options{})
 	rogue, _ := ca.New(ca.Options{})
@@ -266,23 +272,22 @@ func TestVerify(t *testing.T) {
 	tests := []struct {
 		name    string
 		chain   []string
-		anchors []*x509.Certificate
 		wantErr string
 	}{
-		{"valid", []string{valid, goodRoot}, nil, ""},
-		{"valid against anchors", []string{valid, goodRoot}, []*x509.Certificate{good.Root()}, ""},
-		{"one certificate", []string{valid}, nil, "fewer than 2"},
-		{"empty", nil, nil, "fewer than 2"},
-		{"other key", []string{issue(good, otherKey.Public(), now.Add(-time.Minute), now.Add(time.Hour)), goodRoot}, nil, "does not match the private key"},
-		{"not yet valid", []string{issue(good, key.Public(), now.Add(time.Hour), now.Add(2*time.Hour)), goodRoot}, nil, "not valid before"},
-		{"expired", []string{issue(good, key.Public(), now.Add(-2*time.Hour), now.Add(-time.Hour)), goodRoot}, nil, "expired at"},
-		{"leaf of another CA", []string{issue(rogue, key.Public(), now.Add(-time.Minute), now.Add(time.Hour)), goodRoot}, nil, "does not chain"},
-		{"root not trusted", []string{issue(rogue, key.Public(), now.Add(-time.Minute), now.Add(time.Hour)), rogueRoot}, []*x509.Certificate{good.Root()}, "does not chain"},
-		{"garbage", []string{"not a certificate", goodRoot}, nil, "no PEM certificate"},
+		{"valid", []string{valid, goodRoot}, ""},
+		{"another CA's root (root migration, plugged-in CA)", []string{issue(rogue, key.Public(), now.Add(-time.Minute), now.Add(time.Hour)), rogueRoot}, ""},
+		{"leaf not signed by the answer's root", []string{issue(rogue, key.Public(), now.Add(-time.Minute), now.Add(time.Hour)), goodRoot}, ""},
+		{"not yet valid", []string{issue(good, key.Public(), now.Add(time.Hour), now.Add(2*time.Hour)), goodRoot}, ""},
+		{"one certificate", []string{valid}, "fewer than 2"},
+		{"empty", nil, "fewer than 2"},
+		{"other key", []string{issue(good, otherKey.Public(), now.Add(-time.Minute), now.Add(time.Hour)), goodRoot}, "does not match the private key"},
+		{"expired", []string{issue(good, key.Public(), now.Add(-2*time.Hour), now.Add(-time.Hour)), goodRoot}, "expired at"},
+		{"garbage leaf", []string{"not a certificate", goodRoot}, "no PEM certificate"},
+		{"garbage root", []string{valid, "not a certificate"}, "no PEM certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Verify(tt.chain, key.Public(), tt.anchors, now)
+			_, err := Verify(tt.chain, key.Public(), now)
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatalf("Verify = %v, want nil", err)

@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"fmt"
 	"net/url"
@@ -32,16 +34,25 @@ func SPIFFEID(trustDomain, namespace, serviceAccount string) string {
 
 // NewCSR makes a private key as o asks and a PEM CSR for it whose only subject alternative
 // name is the URI id. It returns the CSR, the key in PEM and the key itself.
+//
+// The CSR is Istio's agent's: subject "O=" (one empty organization) and the SAN extension
+// marked critical, as RFC 5280 wants when the subject carries no name. CAs that check what
+// they sign (Istio's, cert-manager's istio-csr, plugged-in ones) see the same request from
+// agentd as from pilot-agent.
 func NewCSR(o KeyOptions, id string) (csrPEM, keyPEM []byte, key crypto.Signer, err error) {
-	uri, err := url.Parse(id)
-	if err != nil {
+	if _, err := url.Parse(id); err != nil {
 		return nil, nil, nil, fmt.Errorf("parse identity %q: %w", id, err)
+	}
+	san, err := uriSAN(id)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	key, err = newKey(o)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{uri}}, key)
+	tmpl := &x509.CertificateRequest{Subject: pkix.Name{Organization: []string{""}}, ExtraExtensions: []pkix.Extension{san}}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("create CSR for %s: %w", id, err)
 	}
@@ -50,6 +61,19 @@ func NewCSR(o KeyOptions, id string) (csrPEM, keyPEM []byte, key crypto.Signer, 
 		return nil, nil, nil, err
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, key, nil
+}
+
+// oidSubjectAltName is the subjectAltName extension (RFC 5280, 4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// uriSAN is a critical subjectAltName extension holding uri, as given, as its one
+// uniformResourceIdentifier ([6] IA5String).
+func uriSAN(uri string) (pkix.Extension, error) {
+	v, err := asn1.Marshal([]asn1.RawValue{{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(uri)}})
+	if err != nil {
+		return pkix.Extension{}, fmt.Errorf("encode SAN %s: %w", uri, err)
+	}
+	return pkix.Extension{Id: oidSubjectAltName, Critical: true, Value: v}, nil
 }
 
 // Validate reports an unsupported algorithm or curve.

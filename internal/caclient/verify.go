@@ -13,54 +13,35 @@ import (
 // empty CertChain"): the chain must hold the leaf first and the root last.
 var ErrShortChain = errors.New("CA answer holds fewer than 2 certificates (want leaf ... root)")
 
-// Verify checks a CA answer before it is used: at least two certificates, a leaf whose public
-// key is pub, valid at now, that chains through the answer's intermediates to a trusted root.
-// The trusted roots are anchors when given, else the answer's last certificate. It returns
-// the parsed leaf.
-func Verify(chain []string, pub crypto.PublicKey, anchors []*x509.Certificate, now time.Time) (*x509.Certificate, error) {
+// Verify checks a CA answer before it is used and returns its parsed leaf. It checks what
+// Istio's agent checks, at least two certificates (leaf first, root last), and what makes the
+// answer servable at all: every certificate parses, the leaf holds the CSR's public key pub,
+// and it has not expired at now. A pair that fails these cannot work in Envoy, so the cached
+// certificate stays served instead.
+//
+// Like Istio's agent, it does not require the chain to verify, nor to end at a root mounted
+// in the pod: during a root migration, or with a plugged-in CA, the answer chains to a root
+// that is not (yet) the mounted one. A leaf not yet valid (the CA's clock ahead) is accepted
+// too: peers with other clocks may take it, and rejecting it would leave no certificate.
+func Verify(chain []string, pub crypto.PublicKey, now time.Time) (*x509.Certificate, error) {
 	if len(chain) < 2 {
 		return nil, fmt.Errorf("%w: got %d", ErrShortChain, len(chain))
 	}
-	var certs []*x509.Certificate
+	var leaf *x509.Certificate
 	for i, p := range chain {
 		c, err := ParsePEMCerts([]byte(p))
 		if err != nil {
 			return nil, fmt.Errorf("CA answer certificate %d: %w", i, err)
 		}
-		certs = append(certs, c...)
+		if i == 0 {
+			leaf = c[0]
+		}
 	}
-	leaf := certs[0]
 	if k, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(pub) {
 		return nil, fmt.Errorf("certificate from CA (serial %s) does not match the private key of the CSR", leaf.SerialNumber)
 	}
-	if now.Before(leaf.NotBefore) {
-		return nil, fmt.Errorf("certificate from CA is not valid before %s (now %s)", leaf.NotBefore.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
-	}
 	if now.After(leaf.NotAfter) {
 		return nil, fmt.Errorf("certificate from CA expired at %s (now %s)", leaf.NotAfter.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
-	}
-	roots := x509.NewCertPool()
-	source := "the answer's root"
-	if len(anchors) > 0 {
-		source = fmt.Sprintf("the %d trusted roots", len(anchors))
-		for _, a := range anchors {
-			roots.AddCert(a)
-		}
-	} else {
-		roots.AddCert(certs[len(certs)-1])
-	}
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
-	}
-	_, err := leaf.Verify(x509.VerifyOptions{
-		Roots:         roots,
-		Intermediates: inter,
-		CurrentTime:   now,
-		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("certificate from CA does not chain to %s: %w", source, err)
 	}
 	return leaf, nil
 }
