@@ -48,25 +48,30 @@ func New(env *component.Env) (component.Helper, error) {
 	o.Log, o.Metrics = env.Log, env.Metrics
 	var srv *Server
 	if c.GetCaAddress() != "" && !c.GetFilesOnly() {
-		cl, err := caclient.New(caclient.Options{
-			Address:      c.GetCaAddress(),
-			RootCertFile: abs(env.Root, c.GetCaRootCert()),
-			ServerName:   c.GetCaServerName(),
-			TokenFile:    abs(env.Root, orDefault(c.GetTokenFile(), DefaultTokenFile)),
-			ClusterID:    c.GetClusterId(),
-			Headers:      c.GetCaHeaders(),
-			CertSigner:   c.GetCertSigner(),
-			OnRetry:      func(err error) { srv.OnRetry(err) },
-		})
-		if err != nil {
+		if o.CA, err = CAClient(&c, env.Root, func(err error) { srv.OnRetry(err) }); err != nil {
 			return nil, err
 		}
-		o.CA = cl
 	}
 	if srv, err = NewServer(o); err != nil {
 		return nil, err
 	}
 	return &Helper{srv: srv, l: l, bus: env.Bus, log: env.Log}, nil
+}
+
+// CAClient is the CA client of the helper's configuration. What the configuration holds is
+// sent as it is (an empty cluster ID included: istiod maps it to its own cluster); whether a
+// CA root file is needed is the client's rule (none for plaintext on port 15010).
+func CAClient(c *agentv1.SDSConfig, root string, onRetry func(error)) (*caclient.Client, error) {
+	return caclient.New(caclient.Options{
+		Address:      c.GetCaAddress(),
+		RootCertFile: abs(root, c.GetCaRootCert()),
+		ServerName:   c.GetCaServerName(),
+		TokenFile:    abs(root, orDefault(c.GetTokenFile(), DefaultTokenFile)),
+		ClusterID:    c.GetClusterId(),
+		Headers:      c.GetCaHeaders(),
+		CertSigner:   c.GetCertSigner(),
+		OnRetry:      onRetry,
+	})
 }
 
 // ServerOptions turns the helper's configuration into the server's (without the CA client).
@@ -78,17 +83,16 @@ func ServerOptions(c *agentv1.SDSConfig, root string) (Options, error) {
 			RSAKeySize: int(c.GetRsaKeySize()), ECCSignatureAlgorithm: c.GetEccSignatureAlgorithm(),
 			ECCCurve: c.GetEccCurve(), PKCS8: c.GetPkcs8Key(),
 		},
-		SecretTTL:        c.GetSecretTtl().AsDuration(),
-		GraceRatio:       c.GetGracePeriodRatio(),
-		GraceJitter:      c.GetGracePeriodRatioJitter(),
-		TrustAnchorsFile: c.GetTrustAnchorsFile(),
-		OutputDir:        c.GetOutputCerts(),
-		CertChainFile:    c.GetCertChainFile(),
-		KeyFile:          c.GetKeyFile(),
-		RootCertFile:     c.GetRootCertFile(),
-		FilesOnly:        c.GetFilesOnly(),
-		FileDebounce:     c.GetFileDebounce().AsDuration(),
-		Root:             root,
+		SecretTTL:     c.GetSecretTtl().AsDuration(),
+		GraceRatio:    c.GetGracePeriodRatio(),
+		GraceJitter:   c.GetGracePeriodRatioJitter(),
+		OutputDir:     c.GetOutputCerts(),
+		CertChainFile: c.GetCertChainFile(),
+		KeyFile:       c.GetKeyFile(),
+		RootCertFile:  c.GetRootCertFile(),
+		FilesOnly:     c.GetFilesOnly(),
+		FileDebounce:  c.GetFileDebounce().AsDuration(),
+		Root:          root,
 	}
 	if c.GetSecretTtl() == nil {
 		o.SecretTTL = 24 * time.Hour

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/agentd/agentd/internal/ca"
@@ -55,7 +57,10 @@ type testCA struct {
 	mode      atomic.Value // string
 	addr      string
 	rootFile  string
+	plaintext bool // serve without TLS (a CA on port 15010)
 	calls     atomic.Int32
+	lastMD    atomic.Pointer[metadata.MD]
+	hold      chan struct{} // when set, calls wait until it is closed
 
 	mu  sync.Mutex
 	srv *grpc.Server
@@ -63,6 +68,18 @@ type testCA struct {
 }
 
 func startCA(t testing.TB) *testCA {
+	t.Helper()
+	return startCAOn(t, "127.0.0.1:0", false)
+}
+
+// startPlaintextCA serves a CA without TLS on port 15010 of a random loopback address (the
+// port that makes Istio's agent skip TLS). Its root is written nowhere a client looks.
+func startPlaintextCA(t testing.TB) *testCA {
+	t.Helper()
+	return startCAOn(t, fmt.Sprintf("127.%d.%d.%d:15010", rand.IntN(250)+1, rand.IntN(250)+1, rand.IntN(250)+1), true)
+}
+
+func startCAOn(t testing.TB, addr string, plaintext bool) *testCA {
 	t.Helper()
 	dir := t.TempDir()
 	c, err := ca.New(ca.Options{RootFile: filepath.Join(dir, "root-cert.pem"), TTL: 24 * time.Hour})
@@ -73,9 +90,9 @@ func startCA(t testing.TB) *testCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCA{ca: c, rogue: rogue, rootFile: filepath.Join(dir, "root-cert.pem")}
+	tc := &testCA{ca: c, rogue: rogue, rootFile: filepath.Join(dir, "root-cert.pem"), plaintext: plaintext}
 	tc.mode.Store(caGood)
-	tc.start(t, "127.0.0.1:0")
+	tc.start(t, addr)
 	t.Cleanup(tc.stop)
 	return tc
 }
@@ -94,7 +111,11 @@ func (tc *testCA) start(t testing.TB, addr string) {
 		t.Fatalf("listen for CA on %s: %v", addr, err)
 	}
 	tc.addr = l.Addr().String()
-	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc.ca.ServerTLS())))
+	var opts []grpc.ServerOption
+	if !tc.plaintext {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc.ca.ServerTLS())))
+	}
+	s := grpc.NewServer(opts...)
 	securityv1alpha1.RegisterIstioCertificateServiceServer(s, tc)
 	tc.mu.Lock()
 	tc.srv = s
@@ -126,6 +147,15 @@ func (tc *testCA) client(t testing.TB, onRetry func(error)) *caclient.Client {
 
 func (tc *testCA) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	tc.calls.Add(1)
+	md, _ := metadata.FromIncomingContext(ctx)
+	tc.lastMD.Store(&md)
+	if tc.hold != nil {
+		select {
+		case <-tc.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	resp, err := tc.ca.CreateCertificate(ctx, req)
 	mode := tc.mode.Load().(string)
 	if err != nil || mode == caGood {
@@ -197,6 +227,7 @@ func startSDS(t testing.TB, o Options) *sdsUnderTest {
 			t.Errorf("Run = %v", err)
 		}
 	})
+	eventually(t, "the server to serve", func() bool { return s.Ready() == nil })
 	return &sdsUnderTest{Server: s, sock: sock, reg: reg}
 }
 

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -47,7 +46,6 @@ type manager struct {
 	ttl         time.Duration
 	graceRatio  float64
 	graceJitter float64
-	anchorsFile string
 	out         *output
 	log         hclog.Logger
 	m           *metrics
@@ -119,10 +117,6 @@ func (m *manager) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	anchors, err := m.anchors()
-	if err != nil {
-		return err
-	}
 	m.m.outgoingRequests.WithLabelValues(requestTypeCSR).Inc()
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, signTimeout)
@@ -131,7 +125,7 @@ func (m *manager) renew(ctx context.Context) error {
 	m.m.outgoingLatency.WithLabelValues(requestTypeCSR).Add(float64(time.Since(start)) / float64(time.Millisecond))
 	var leaf *x509.Certificate
 	if err == nil {
-		leaf, err = caclient.Verify(chain, key.Public(), anchors, time.Now())
+		leaf, err = caclient.Verify(chain, key.Public(), time.Now())
 	}
 	if err != nil {
 		m.m.failedRequests.WithLabelValues(requestTypeCSR).Inc()
@@ -162,23 +156,6 @@ func (m *manager) renew(ctx context.Context) error {
 		m.notify(ResourceRootCA)
 	}
 	return nil
-}
-
-// anchors are the roots a CA answer must chain to: those of the anchors file when one is
-// configured, else none (the answer's own root).
-func (m *manager) anchors() ([]*x509.Certificate, error) {
-	if m.anchorsFile == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(m.anchorsFile)
-	if err != nil {
-		return nil, fmt.Errorf("read trusted CA roots: %w", err)
-	}
-	certs, err := caclient.ParsePEMCerts(b)
-	if err != nil {
-		return nil, fmt.Errorf("trusted CA roots %s: %w", m.anchorsFile, err)
-	}
-	return certs, nil
 }
 
 // rotateAt is Istio's rotation time: expire - lifetime * (ratio + jitter*u), with u uniform
@@ -219,18 +196,6 @@ func (m *manager) roots(ctx context.Context) ([]byte, error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return mergeRoots(m.cur.root, m.bundle), nil
-}
-
-// ready reports whether a valid certificate is held.
-func (m *manager) ready() error {
-	w := m.current()
-	if w == nil {
-		return errors.New("no workload certificate yet")
-	}
-	if !time.Now().Before(w.expire) {
-		return errExpired
-	}
-	return nil
 }
 
 func (m *manager) expiry() time.Time {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -36,8 +37,6 @@ type Options struct {
 	// GraceRatio (SECRET_GRACE_PERIOD_RATIO, default 0.5) and GraceJitter
 	// (SECRET_GRACE_PERIOD_RATIO_JITTER, default 0.01) set when a certificate is rotated.
 	GraceRatio, GraceJitter float64
-	// TrustAnchorsFile, when set, holds the roots every CA answer must chain to.
-	TrustAnchorsFile string
 	// OutputDir receives key.pem, cert-chain.pem and root-cert.pem on every change
 	// (OUTPUT_CERTS); OutputMode is their mode, default 0600.
 	OutputDir  string
@@ -73,6 +72,8 @@ type Server struct {
 	secrets *store      // what is served
 	sds     *sdsService // the gRPC service (xds.go)
 
+	serving atomic.Bool // Run serves the socket
+
 	mu     sync.Mutex
 	bundle []byte // PCDS trust bundle when there is no CA
 }
@@ -104,7 +105,7 @@ func NewServer(o Options) (*Server, error) {
 	if o.CA != nil && !o.FilesOnly {
 		s.mgr = &manager{
 			ca: o.CA, identity: o.Identity, key: o.Key, ttl: o.SecretTTL,
-			graceRatio: o.GraceRatio, graceJitter: o.GraceJitter, anchorsFile: s.abs(o.TrustAnchorsFile),
+			graceRatio: o.GraceRatio, graceJitter: o.GraceJitter,
 			out:    &output{dir: s.abs(o.OutputDir), mode: o.OutputMode},
 			log:    o.Log.Named("secrets"),
 			notify: s.refresh, renewNow: make(chan struct{}, 1), first: make(chan struct{}),
@@ -148,6 +149,8 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	if s.mgr != nil {
 		run(func() error { return s.mgr.Run(ctx) })
 	}
+	s.serving.Store(true)
+	defer s.serving.Store(false)
 	run(func() error {
 		if err := gs.Serve(l); err != nil {
 			return fmt.Errorf("serve SDS on %s: %w", l.Addr(), err)
@@ -165,18 +168,16 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	return err
 }
 
-// Ready returns nil once "default" can be served with a valid certificate.
+// Ready returns nil while the server serves its socket. As in Istio's agent, readiness does
+// not wait for a workload certificate: Envoy starts at once, its first SDS request waits for
+// the certificate (GenerateTimeout, then Envoy asks again), and the pod is ready when Envoy
+// is, which needs its listeners' secrets. The certificate's state is in the logs and in
+// istio_agent_cert_expiry_seconds.
 func (s *Server) Ready() error {
-	switch {
-	case s.o.FilesOnly:
-		return nil
-	case s.workloadFiles():
-		_, _, err := loadPair(s.abs(s.o.CertChainFile), s.abs(s.o.KeyFile))
-		return err
-	case s.mgr != nil:
-		return s.mgr.ready()
+	if !s.serving.Load() {
+		return errors.New("not serving SDS yet")
 	}
-	return errors.New("no source for the workload certificate: no CA and no certificate files")
+	return nil
 }
 
 // SetTrustBundle sets the extra trust roots (PCDS) that join ROOTCA.

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/agentd/agentd/internal/caclient"
+	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
 func TestServeDefaultAndRootCA(t *testing.T) {
@@ -203,14 +204,12 @@ func TestCADown(t *testing.T) {
 	}
 }
 
-// TestBadCAAnswers: each bad answer is rejected with a clear error, the old certificate
-// stays served, and the next good answer is pushed.
+// TestBadCAAnswers: an answer no Envoy can use is rejected with a clear error and the old
+// certificate stays served; the next good answer is pushed.
 func TestBadCAAnswers(t *testing.T) {
 	tc := startCA(t)
 	var s *sdsUnderTest
-	o := withCA(t, tc, &s, spiffe("ns1", "sa1"), time.Hour)
-	o.TrustAnchorsFile = tc.rootFile
-	s = startSDS(t, o)
+	s = startSDS(t, withCA(t, tc, &s, spiffe("ns1", "sa1"), time.Hour))
 	conn := dial(t, s.sock)
 	w := watch(t, conn, ResourceDefault)
 	good := w.mustNext()[ResourceDefault]
@@ -221,10 +220,7 @@ func TestBadCAAnswers(t *testing.T) {
 	}{
 		{caShortChain, "fewer than 2 certificates"},
 		{caOtherKey, "does not match the private key"},
-		{caNotYetValid, "not valid before"},
 		{caExpired, "expired at"},
-		{caForeignLeaf, "does not chain"},
-		{caForeignChain, "does not chain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
@@ -248,6 +244,76 @@ func TestBadCAAnswers(t *testing.T) {
 		t.Fatalf("renew with a good answer: %v", err)
 	}
 	w.until(ResourceDefault, func(x *tlsv3.Secret) bool { return serial(t, x) != serial(t, good) })
+}
+
+// TestCAAnswersIstioTakes: answers Istio's agent takes are served, each pushed in turn: a
+// leaf of another CA, a chain to another root (a root migration, a plugged-in CA: ROOTCA
+// becomes that root), a leaf not valid yet (the CA's clock ahead).
+func TestCAAnswersIstioTakes(t *testing.T) {
+	tc := startCA(t)
+	var s *sdsUnderTest
+	s = startSDS(t, withCA(t, tc, &s, spiffe("ns1", "sa1"), time.Hour))
+	conn := dial(t, s.sock)
+	w := watch(t, conn, ResourceDefault)
+	last := w.mustNext()[ResourceDefault]
+	for _, mode := range []string{caForeignLeaf, caForeignChain, caNotYetValid} {
+		t.Run(mode, func(t *testing.T) {
+			tc.mode.Store(mode)
+			if err := s.mgr.renew(context.Background()); err != nil {
+				t.Fatalf("renew with a CA answer %q: %v, want it taken as Istio takes it", mode, err)
+			}
+			last = w.until(ResourceDefault, func(x *tlsv3.Secret) bool { return serial(t, x) != serial(t, last) })
+			pair(t, last)
+			if mode != caForeignChain {
+				return
+			}
+			root, err := fetch(t, conn, ResourceRootCA)
+			if err != nil || !bytes.Equal(rootsOf(root), tc.rogue.RootPEM()) {
+				t.Errorf("ROOTCA after an answer with another root = %v, %v; want that root", root, err)
+			}
+		})
+	}
+}
+
+// TestPlaintextCAWithoutRoot: with the CA plaintext on port 15010 and no root file where the
+// configuration points (Istio's var/run/secrets/istio/root-cert.pem, not mounted), sds-server
+// is ready before any certificate, gets one, and sends the cluster ID as given ("" unset).
+func TestPlaintextCAWithoutRoot(t *testing.T) {
+	tc := startPlaintextCA(t)
+	tc.hold = make(chan struct{})
+	root := t.TempDir()
+	missing := "var/run/secrets/istio/root-cert.pem"
+	cfg := &agentv1.SDSConfig{CaAddress: tc.addr, CaRootCert: missing, TrustAnchorsFile: missing, EccSignatureAlgorithm: "ECDSA"}
+	o, err := ServerOptions(cfg, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s *sdsUnderTest
+	cl, err := CAClient(cfg, root, func(err error) { s.OnRetry(err) })
+	if err != nil {
+		t.Fatalf("CA client for plaintext %s without a root file: %v", tc.addr, err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	o.CA = cl
+	s = startSDS(t, o) // waits until Ready
+	eventually(t, "the first CSR", func() bool { return tc.calls.Load() > 0 })
+	if err := s.Ready(); err != nil {
+		t.Errorf("Ready while the first CSR is pending = %v, want nil (Istio's readiness does not wait for it)", err)
+	}
+	close(tc.hold)
+	def, err := fetch(t, dial(t, s.sock), ResourceDefault)
+	if err != nil {
+		t.Fatalf("default from a plaintext CA without a root file: %v", err)
+	}
+	if got := uriOf(t, def); got != spiffe("default", "default") {
+		t.Errorf("default identity = %s", got)
+	}
+	if _, err := os.Stat(filepath.Join(root, missing)); !os.IsNotExist(err) {
+		t.Errorf("the root file %s exists (%v): the test must run without it", missing, err)
+	}
+	if md := tc.lastMD.Load(); md == nil || len(md.Get("clusterid")) != 1 || md.Get("clusterid")[0] != "" {
+		t.Errorf("clusterid header = %v, want the configured \"\" as it is", md)
+	}
 }
 
 // TestTrustBundle: PCDS roots join ROOTCA, and the workload certificate is re-issued.

@@ -40,11 +40,12 @@ type SDSConfig struct {
 	CaServerName string `protobuf:"bytes,3,opt,name=ca_server_name,json=caServerName,proto3" json:"ca_server_name,omitempty"`
 	// The bearer token file, read on every CA call (default var/run/secrets/tokens/istio-token).
 	TokenFile string `protobuf:"bytes,4,opt,name=token_file,json=tokenFile,proto3" json:"token_file,omitempty"`
-	// The ClusterID header of CA calls (ISTIO_META_CLUSTER_ID).
+	// The ClusterID header of CA calls (ISTIO_META_CLUSTER_ID), sent as it is: "" when unset,
+	// which istiod maps to its own cluster.
 	ClusterId string `protobuf:"bytes,5,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// Extra headers of CA calls (CA_HEADER_<name>=value).
 	CaHeaders map[string]string `protobuf:"bytes,6,rep,name=ca_headers,json=caHeaders,proto3" json:"ca_headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// The CertSigner metadata of CA calls (ISTIO_META_CERT_SIGNER).
+	// The CertSigner metadata of every CA call (ISTIO_META_CERT_SIGNER), "" included.
 	CertSigner string `protobuf:"bytes,7,opt,name=cert_signer,json=certSigner,proto3" json:"cert_signer,omitempty"`
 	// The identity spiffe://<trust_domain>/ns/<pod_namespace>/sa/<service_account>
 	// (TRUST_DOMAIN default cluster.local, POD_NAMESPACE, SERVICE_ACCOUNT; both default
@@ -81,8 +82,11 @@ type SDSConfig struct {
 	FilesOnly bool `protobuf:"varint,23,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
 	// Groups certificate file events (FILE_DEBOUNCE_DURATION), default 100ms.
 	FileDebounce *durationpb.Duration `protobuf:"bytes,24,opt,name=file_debounce,json=fileDebounce,proto3" json:"file_debounce,omitempty"`
-	// Roots every CA answer must chain to; empty: the answer's own root. agentd sets it to
-	// ca_root_cert when that is a file.
+	// Not read: sds-server takes a CA answer that chains to another root than the mounted one,
+	// as Istio's agent does (root migrations, plugged-in CAs). Kept so that a parent that still
+	// sets it talks to this helper; the parent should stop setting it.
+	//
+	// Deprecated: Marked as deprecated in agent/v1/sds.proto.
 	TrustAnchorsFile string `protobuf:"bytes,25,opt,name=trust_anchors_file,json=trustAnchorsFile,proto3" json:"trust_anchors_file,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -286,6 +290,7 @@ func (x *SDSConfig) GetFileDebounce() *durationpb.Duration {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in agent/v1/sds.proto.
 func (x *SDSConfig) GetTrustAnchorsFile() string {
 	if x != nil {
 		return x.TrustAnchorsFile
@@ -297,7 +302,7 @@ var File_agent_v1_sds_proto protoreflect.FileDescriptor
 
 const file_agent_v1_sds_proto_rawDesc = "" +
 	"\n" +
-	"\x12agent/v1/sds.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xce\b\n" +
+	"\x12agent/v1/sds.proto\x12\x0fagentd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xd2\b\n" +
 	"\tSDSConfig\x12\x1d\n" +
 	"\n" +
 	"ca_address\x18\x01 \x01(\tR\tcaAddress\x12 \n" +
@@ -332,8 +337,8 @@ const file_agent_v1_sds_proto_rawDesc = "" +
 	"\x0eroot_cert_file\x18\x16 \x01(\tR\frootCertFile\x12\x1d\n" +
 	"\n" +
 	"files_only\x18\x17 \x01(\bR\tfilesOnly\x12>\n" +
-	"\rfile_debounce\x18\x18 \x01(\v2\x19.google.protobuf.DurationR\ffileDebounce\x12,\n" +
-	"\x12trust_anchors_file\x18\x19 \x01(\tR\x10trustAnchorsFile\x1a<\n" +
+	"\rfile_debounce\x18\x18 \x01(\v2\x19.google.protobuf.DurationR\ffileDebounce\x120\n" +
+	"\x12trust_anchors_file\x18\x19 \x01(\tB\x02\x18\x01R\x10trustAnchorsFile\x1a<\n" +
 	"\x0eCaHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B1Z/github.com/agentd/agentd/proto/agent/v1;agentv1b\x06proto3"
