@@ -17,7 +17,15 @@ type metrics struct {
 	retries             *prometheus.CounterVec
 	fileWatcherFailures prometheus.Counter
 	fileSecretFailures  prometheus.Counter
+	// Istio's xDS-server metrics, which its agent's SDS server counts: requests with a nonce
+	// older than the last response's (label type "sds"), and how long each response took to
+	// send, in seconds.
+	expiredNonce *prometheus.CounterVec
+	sendTime     prometheus.Histogram
 }
+
+// metricTypeSDS is Istio's type label of SDS in its xDS metrics.
+const metricTypeSDS = "sds"
 
 // newMetrics registers the metrics on reg (none when reg is nil). expiry reports the workload
 // certificate's expiry time (zero when there is none).
@@ -34,6 +42,11 @@ func newMetrics(reg prometheus.Registerer, expiry func() time.Time) *metrics {
 			Name: "istio_agent_num_file_watcher_failures_total", Help: "Number of times file watcher failed to add watchers"}),
 		fileSecretFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "istio_agent_num_file_secret_failures_total", Help: "Number of times secret generation failed for files"}),
+		expiredNonce: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_agent_pilot_xds_expired_nonce", Help: "Total number of XDS requests with an expired nonce."}, []string{"type"}),
+		sendTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "istio_agent_pilot_xds_send_time", Help: "Total time in seconds Pilot takes to send generated configuration.",
+			Buckets: []float64{.01, .1, 1, 3, 5, 10, 20, 30}}),
 	}
 	// Istio's counters exist from the start with the csr label.
 	for _, v := range []*prometheus.CounterVec{m.outgoingLatency, m.outgoingRequests, m.failedRequests, m.retries} {
@@ -54,6 +67,6 @@ func newMetrics(reg prometheus.Registerer, expiry func() time.Time) *metrics {
 		return time.Until(t).Seconds()
 	})
 	reg.MustRegister(m.outgoingLatency, m.outgoingRequests, m.failedRequests, m.retries,
-		m.fileWatcherFailures, m.fileSecretFailures, expirySeconds)
+		m.fileWatcherFailures, m.fileSecretFailures, expirySeconds, m.expiredNonce, m.sendTime)
 	return m
 }

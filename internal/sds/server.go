@@ -123,7 +123,7 @@ func NewServer(o Options) (*Server, error) {
 	}
 	s.files = newWatcher(o.FileDebounce, o.FileRetryTimeout, s.reloadFile, o.Log.Named("files"), s.m)
 	s.secrets = newStore(time.Now().UTC().Format(time.RFC3339) + "/")
-	s.sds = &sdsService{store: s.secrets, ensure: s.ensure, log: o.Log.Named("xds")}
+	s.sds = &sdsService{store: s.secrets, ensure: s.ensure, log: o.Log.Named("xds"), m: s.m}
 	return s, nil
 }
 

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -221,6 +222,7 @@ type sdsService struct {
 	// ends the stream.
 	ensure  func(ctx context.Context, names []string) error
 	log     hclog.Logger
+	m       *metrics
 	rejects atomic.Int64 // NACKs received
 }
 
@@ -248,6 +250,7 @@ func (x *sdsService) StreamSecrets(st secretv3.SecretDiscoveryService_StreamSecr
 			if lastNonce != "" && req.GetResponseNonce() != lastNonce {
 				// The client has not seen the last response yet; it answers that one next.
 				x.log.Trace("stale SDS request ignored", "nonce", req.GetResponseNonce(), "want", lastNonce)
+				x.stale(req)
 				continue
 			}
 			if err := checkType(req.GetTypeUrl()); err != nil {
@@ -281,7 +284,7 @@ func (x *sdsService) StreamSecrets(st secretv3.SecretDiscoveryService_StreamSecr
 		for i, e := range entries {
 			resp.Resources[i] = e.any
 		}
-		if err := st.Send(resp); err != nil {
+		if err := x.send(func() error { return st.Send(resp) }); err != nil {
 			return err
 		}
 		pending, full = false, false
@@ -344,11 +347,28 @@ func (x *sdsService) DeltaSecrets(st secretv3.SecretDiscoveryService_DeltaSecret
 		for i, e := range entries {
 			resp.Resources[i] = &discoveryv3.Resource{Name: e.name, Version: e.hash, Resource: e.any}
 		}
-		if err := st.Send(resp); err != nil {
+		if err := x.send(func() error { return st.Send(resp) }); err != nil {
 			return err
 		}
 		pending = false
 	}
+}
+
+// stale counts a SotW request answering an older response than the last, as Istio counts
+// istio_agent_pilot_xds_expired_nonce: one that names resources and carries a nonce (an
+// empty nonce starts a subscription, no names end one).
+func (x *sdsService) stale(req *discoveryv3.DiscoveryRequest) {
+	if req.GetResponseNonce() != "" && len(req.GetResourceNames()) > 0 {
+		x.m.expiredNonce.WithLabelValues(metricTypeSDS).Inc()
+	}
+}
+
+// send sends one response and records how long it took (istio_agent_pilot_xds_send_time).
+func (x *sdsService) send(f func() error) error {
+	start := time.Now()
+	err := f()
+	x.m.sendTime.Observe(time.Since(start).Seconds())
+	return err
 }
 
 // rejected logs and counts a NACK; the stream keeps serving what the client holds.

@@ -89,6 +89,7 @@ func NewProxy(cfg Config, log hclog.Logger, bus Publisher, reg prometheus.Regist
 		grpc.MaxRecvMsgSize(4<<20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.StatsHandler(m.recvMax),
 	)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(p.server, p)
 	reflection.Register(p.server)
