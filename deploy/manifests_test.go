@@ -13,9 +13,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"text/template"
 
+	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 )
 
@@ -93,7 +97,7 @@ func podSpecs(t *testing.T) map[string]*corev1.PodSpec {
 
 func TestManifestsDecodeStrictly(t *testing.T) {
 	specs := podSpecs(t)
-	for _, want := range []string{"pod.yaml/Pod", "deployment.yaml/Deployment"} {
+	for _, want := range []string{"pod.yaml/Pod", "pod-native.yaml/Pod", "deployment.yaml/Deployment"} {
 		if specs[want] == nil {
 			t.Errorf("no %s", want)
 		}
@@ -151,10 +155,11 @@ var istioMounts = map[string]string{
 func TestSidecarAsIstioInjectsIt(t *testing.T) {
 	for name, spec := range podSpecs(t) {
 		t.Run(name, func(t *testing.T) {
-			proxy := container(spec.Containers, "istio-proxy")
+			proxy, native := sidecar(spec)
 			if proxy == nil {
 				t.Fatal("no istio-proxy container")
 			}
+			checkLayout(t, spec, proxy, native)
 			if !slices.Equal(proxy.Args, istioArgs) || len(proxy.Command) != 0 {
 				t.Errorf("istio-proxy command %q args %q, want the image's entrypoint with %q", proxy.Command, proxy.Args, istioArgs)
 			}
@@ -237,8 +242,12 @@ func checkVolumes(t *testing.T, spec *corev1.PodSpec, c *corev1.Container) {
 	}
 }
 
-// TestInjectionValues checks that the agentd injection template is a pod fragment that
-// decodes strictly, and that pod.yaml is what it gives: the same image, mounts and volumes.
+// TestInjectionValues checks the agentd injection template in both layouts Istio's injector
+// writes: rendered as the injector renders it (NativeSidecars from ENABLE_NATIVE_SIDECARS,
+// the sidecar.istio.io/nativeSidecar annotation over it), it decodes strictly, and merged
+// over the pod Istio's sidecar template alone gives (the example pod of that layout with
+// Istio's image and without agentd's volumes) by the injector's strategic merge, it gives
+// the example pod.
 func TestInjectionValues(t *testing.T) {
 	data, err := os.ReadFile("kubernetes/istiod-values.yaml")
 	if err != nil {
@@ -256,28 +265,128 @@ func TestInjectionValues(t *testing.T) {
 	if got := values.SidecarInjectorWebhook.DefaultTemplates; !slices.Equal(got, []string{"sidecar", "agentd"}) {
 		t.Errorf("defaultTemplates = %v, want Istio's sidecar, then agentd", got)
 	}
-	var tmpl corev1.Pod
-	if err := decodeStrict([]byte(values.SidecarInjectorWebhook.Templates["agentd"]), &tmpl); err != nil {
+	tmpl, err := template.New("agentd").Funcs(template.FuncMap{"default": sprigDefault}).Option("missingkey=zero").
+		Parse(values.SidecarInjectorWebhook.Templates["agentd"])
+	if err != nil {
 		t.Fatalf("agentd template: %v", err)
 	}
-	overlay := container(tmpl.Spec.Containers, "istio-proxy")
-	if overlay == nil || len(tmpl.Spec.Containers) != 1 || len(tmpl.Spec.InitContainers) != 0 {
-		t.Fatalf("agentd template containers %+v, want istio-proxy only", tmpl.Spec.Containers)
+	specs := podSpecs(t)
+	tests := []struct {
+		name       string
+		native     bool   // NativeSidecars, from ENABLE_NATIVE_SIDECARS and the nodes
+		annotation string // sidecar.istio.io/nativeSidecar
+		example    string
+	}{
+		{"containers", false, "", "pod.yaml/Pod"},
+		{"native sidecar", true, "", "pod-native.yaml/Pod"},
+		{"native sidecar by annotation", false, "true", "pod-native.yaml/Pod"},
+		{"containers by annotation", true, "false", "pod.yaml/Pod"},
 	}
-	pod := podSpecs(t)["pod.yaml/Pod"]
-	proxy := container(pod.Containers, "istio-proxy")
-	if overlay.Image != proxy.Image {
-		t.Errorf("template image %q, pod.yaml's %q", overlay.Image, proxy.Image)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			meta := metav1.ObjectMeta{Annotations: map[string]string{}}
+			if tt.annotation != "" {
+				meta.Annotations["sidecar.istio.io/nativeSidecar"] = tt.annotation
+			}
+			var out bytes.Buffer
+			if err := tmpl.Execute(&out, map[string]any{"ObjectMeta": meta, "NativeSidecars": tt.native}); err != nil {
+				t.Fatalf("render agentd template: %v", err)
+			}
+			var overlay corev1.Pod
+			if err := decodeStrict(out.Bytes(), &overlay); err != nil {
+				t.Fatalf("rendered agentd template: %v\n%s", err, out.Bytes())
+			}
+			want := specs[tt.example]
+			if want == nil {
+				t.Fatalf("no %s", tt.example)
+			}
+			got := inject(t, istioOnly(t, want), out.Bytes())
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("Istio's pod with the agentd template merged differs from %s (-%s +merged):\n%s", tt.example, tt.example, d)
+			}
+		})
 	}
-	for _, m := range overlay.VolumeMounts {
-		if !slices.ContainsFunc(proxy.VolumeMounts, func(pm corev1.VolumeMount) bool { return pm.Name == m.Name && pm.MountPath == m.MountPath }) {
-			t.Errorf("pod.yaml's istio-proxy lacks the template's mount %+v", m)
+}
+
+// istioOnly is spec as Istio's sidecar template alone gives it: Istio's image for
+// istio-proxy, without the volumes the agentd template adds.
+func istioOnly(t *testing.T, spec *corev1.PodSpec) *corev1.PodSpec {
+	t.Helper()
+	out := spec.DeepCopy()
+	proxy, _ := sidecar(out)
+	proxy.Image = "docker.io/istio/proxyv2:" + istioVersion
+	agentd := func(name string) bool { return strings.HasPrefix(name, "agentd-") }
+	proxy.VolumeMounts = slices.DeleteFunc(proxy.VolumeMounts, func(m corev1.VolumeMount) bool { return agentd(m.Name) })
+	out.Volumes = slices.DeleteFunc(out.Volumes, func(v corev1.Volume) bool { return agentd(v.Name) })
+	return out
+}
+
+// inject merges the rendered template over spec as Istio's injector does (a strategic merge
+// patch of the pod: lists of containers, mounts and volumes merged by name).
+func inject(t *testing.T, spec *corev1.PodSpec, overlayYAML []byte) *corev1.PodSpec {
+	t.Helper()
+	orig, err := json.Marshal(corev1.Pod{Spec: *spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := yaml.YAMLToJSON(overlayYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := strategicpatch.StrategicMergePatch(orig, patch, corev1.Pod{})
+	if err != nil {
+		t.Fatalf("merge the agentd template: %v", err)
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(merged, &pod); err != nil {
+		t.Fatal(err)
+	}
+	return &pod.Spec
+}
+
+// sprigDefault is sprig's default, which Istio's templates use: given when it is not empty.
+func sprigDefault(def any, given ...any) any {
+	if len(given) == 0 || given[0] == nil || given[0] == "" {
+		return def
+	}
+	return given[0]
+}
+
+// sidecar returns istio-proxy and whether it is a native sidecar (an init container).
+func sidecar(spec *corev1.PodSpec) (*corev1.Container, bool) {
+	if c := container(spec.InitContainers, "istio-proxy"); c != nil {
+		return c, true
+	}
+	return container(spec.Containers, "istio-proxy"), false
+}
+
+// checkLayout checks istio-proxy's place as Istio's injector gives it: one istio-proxy; as a
+// native sidecar, an init container after istio-init with restartPolicy Always and the
+// preStop drain hook; else a container that Kubernetes does not restart on its own.
+func checkLayout(t *testing.T, spec *corev1.PodSpec, proxy *corev1.Container, native bool) {
+	t.Helper()
+	if native && container(spec.Containers, "istio-proxy") != nil {
+		t.Error("istio-proxy is both an init container and a container")
+	}
+	if !native {
+		if proxy.RestartPolicy != nil {
+			t.Errorf("istio-proxy in containers has restartPolicy %s, want none", *proxy.RestartPolicy)
 		}
+		return
 	}
-	for _, v := range tmpl.Spec.Volumes {
-		if !slices.ContainsFunc(pod.Volumes, func(pv corev1.Volume) bool { return pv.Name == v.Name && pv.EmptyDir != nil }) {
-			t.Errorf("pod.yaml lacks the template's volume %s", v.Name)
-		}
+	if proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("native istio-proxy restartPolicy %v, want Always", proxy.RestartPolicy)
+	}
+	names := make([]string, len(spec.InitContainers))
+	for i, c := range spec.InitContainers {
+		names[i] = c.Name
+	}
+	if !slices.Equal(names, []string{"istio-init", "istio-proxy"}) {
+		t.Errorf("init containers %v, want istio-init then istio-proxy", names)
+	}
+	drain := []string{"pilot-agent", "request", "--debug-port=15020", "POST", "drain"}
+	if l := proxy.Lifecycle; l == nil || l.PreStop == nil || l.PreStop.Exec == nil || !slices.Equal(l.PreStop.Exec.Command, drain) {
+		t.Errorf("native istio-proxy lifecycle %+v, want preStop %q", proxy.Lifecycle, drain)
 	}
 }
 
