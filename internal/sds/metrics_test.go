@@ -1,7 +1,9 @@
 package sds
 
 import (
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -50,6 +52,41 @@ func TestXDSMetrics(t *testing.T) {
 	if want := []float64{.01, .1, 1, 3, 5, 10, 20, 30}; !slices.Equal(bounds, want) {
 		t.Errorf("send time buckets = %v, want Istio's %v", bounds, want)
 	}
+	for _, name := range []string{"istio_agent_pilot_xds_expired_nonce", "istio_agent_pilot_xds_send_time"} {
+		if got, want := familyLine(families[name]), referenceFamily(t, name); got != want {
+			t.Errorf("metric family %q, pilot-agent's %q", got, want)
+		}
+	}
+}
+
+// familyLine is a metric family as the reference's metrics.txt lists it: name, type
+// (lower case) and label names ("-" for none).
+func familyLine(mf *dto.MetricFamily) string {
+	labels := "-"
+	if ms := mf.GetMetric(); len(ms) > 0 && len(ms[0].GetLabel()) > 0 {
+		var names []string
+		for _, l := range ms[0].GetLabel() {
+			names = append(names, l.GetName())
+		}
+		labels = strings.Join(names, ",")
+	}
+	return mf.GetName() + " " + strings.ToLower(mf.GetType().String()) + " " + labels
+}
+
+// referenceFamily is name's line in the metric families recorded from pilot-agent.
+func referenceFamily(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../../shared/reference/istio/cases/probes/metrics.txt")
+	if err != nil {
+		t.Fatalf("the reference metric families: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			return line
+		}
+	}
+	t.Fatalf("pilot-agent has no metric %s", name)
+	return ""
 }
 
 func gather(t *testing.T, s *sdsUnderTest) map[string]*dto.MetricFamily {

@@ -1,6 +1,7 @@
 package xdsproxy
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -34,6 +35,25 @@ func TestRecvMax(t *testing.T) {
 		up.nextRequest(t, ListenerType) // received, so counted
 		if got := tp.gauge(t, "istio_agent_pilot_xds_recv_max"); got != float64(tt.want) {
 			t.Errorf("after a request of %d bytes: istio_agent_pilot_xds_recv_max = %v, want %d", len(request(tt.pad)), got, tt.want)
+		}
+	}
+	// As pilot-agent lists it (shared/reference/istio/cases/probes/metrics.txt): name, type,
+	// labels.
+	b, err := os.ReadFile("../../../shared/reference/istio/cases/probes/metrics.txt")
+	if err != nil {
+		t.Fatalf("the reference metric families: %v", err)
+	}
+	mfs, err := tp.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "istio_agent_pilot_xds_recv_max" {
+			continue
+		}
+		line := mf.GetName() + " " + strings.ToLower(mf.GetType().String()) + " -"
+		if len(mf.GetMetric()) != 1 || len(mf.GetMetric()[0].GetLabel()) != 0 || !strings.Contains(string(b), "\n"+line+"\n") {
+			t.Errorf("metric family %q (%d series) is not pilot-agent's", line, len(mf.GetMetric()))
 		}
 	}
 }
