@@ -134,7 +134,7 @@ func (h *Helper) subscribe(ctx context.Context) {
 	})
 }
 
-// Ready returns nil once the workload certificate is valid (or, files only, at once).
+// Ready returns nil once the server serves its socket; it does not wait for a certificate.
 func (h *Helper) Ready() error { return h.srv.Ready() }
 
 func orDefault(v, d string) string {
