@@ -24,6 +24,11 @@ func TestXDSMetrics(t *testing.T) {
 	c.send([]string{f.a, f.b}, r1.GetVersionInfo(), r1.GetNonce(), nil)
 	nextResponse(t, c.resps) // the requests before were handled before this one
 
+	// A send is timed once it returns, which may be after the client has the response.
+	eventually(t, "two timed sends", func() bool {
+		h := gather(t, f.s)["istio_agent_pilot_xds_send_time"].GetMetric()
+		return len(h) == 1 && h[0].GetHistogram().GetSampleCount() >= 2
+	})
 	families := gather(t, f.s)
 	expired := families["istio_agent_pilot_xds_expired_nonce"]
 	if expired.GetType() != dto.MetricType_COUNTER || len(expired.GetMetric()) != 1 {
