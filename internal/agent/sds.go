@@ -69,9 +69,6 @@ func sdsConfig(s *settings.Settings) (*agentv1.SDSConfig, socketSpec, error) {
 		return nil, socketSpec{}, fmt.Errorf("no CA address: set CA_ADDR or the discovery address")
 	}
 	cfg.CaRootCert = caRoot(e)
-	if cfg.CaRootCert != "SYSTEM" {
-		cfg.TrustAnchorsFile = cfg.CaRootCert
-	}
 	return cfg, workload, nil
 }
 

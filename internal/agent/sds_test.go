@@ -18,7 +18,7 @@ import (
 
 func TestSDSConfig(t *testing.T) {
 	base := &agentv1.SDSConfig{
-		CaAddress: "istiod.istio-system.svc:15012", CaRootCert: settings.IstiodRootCert, TrustAnchorsFile: settings.IstiodRootCert,
+		CaAddress: "istiod.istio-system.svc:15012", CaRootCert: settings.IstiodRootCert,
 		TokenFile: settings.TokenFile, CaHeaders: map[string]string{}, TrustDomain: "cluster.local",
 		SecretTtl: durationpb.New(24 * time.Hour), FileDebounce: durationpb.New(100 * time.Millisecond),
 		GracePeriodRatio: 0.5, GracePeriodRatioJitter: 0.01, RsaKeySize: 2048, EccCurve: "P256",
@@ -44,7 +44,7 @@ func TestSDSConfig(t *testing.T) {
 			"ECC_SIGNATURE_ALGORITHM=ECDSA", "ECC_CURVE=P384", "PKCS8_KEY=true", "OUTPUT_CERTS=/out",
 			"KUBERNETES_SERVICE_HOST=10.0.0.1", "FILE_DEBOUNCE_DURATION=1s",
 		}, nil, with(func(c *agentv1.SDSConfig) {
-			c.CaAddress, c.CaRootCert, c.TrustAnchorsFile = "127.0.0.1:15012", "/ca/root.pem", "/ca/root.pem"
+			c.CaAddress, c.CaRootCert = "127.0.0.1:15012", "/ca/root.pem"
 			c.ClusterId, c.CaHeaders, c.CertSigner = "c1", map[string]string{"X-Tenant": "t1"}, "s1"
 			c.TrustDomain, c.PodNamespace, c.ServiceAccount = "td", "ns", "sa"
 			c.SecretTtl, c.GracePeriodRatio, c.GracePeriodRatioJitter = durationpb.New(time.Hour), 0.3, 0.05
@@ -55,16 +55,16 @@ func TestSDSConfig(t *testing.T) {
 			c.CaServerName = "istiod.example"
 		})},
 		{"system roots are no trust anchors", []string{"CA_ROOT_CA=SYSTEM"}, nil, with(func(c *agentv1.SDSConfig) {
-			c.CaRootCert, c.TrustAnchorsFile = "SYSTEM", ""
+			c.CaRootCert = "SYSTEM"
 		})},
 		{"PROV_CERT root", []string{"PROV_CERT=/prov"}, nil, with(func(c *agentv1.SDSConfig) {
-			c.CaRootCert, c.TrustAnchorsFile = "/prov/root-cert.pem", "/prov/root-cert.pem"
+			c.CaRootCert = "/prov/root-cert.pem"
 		})},
 		{"file mounted: no CA", []string{"FILE_MOUNTED_CERTS=true"}, nil, with(func(c *agentv1.SDSConfig) {
-			c.CaAddress, c.CaRootCert, c.TrustAnchorsFile = "", "", ""
+			c.CaAddress, c.CaRootCert = "", ""
 		})},
 		{"workload-spiffe-credentials", nil, []string{"cert-chain.pem", "key.pem", "root-cert.pem"}, with(func(c *agentv1.SDSConfig) {
-			c.CaAddress, c.CaRootCert, c.TrustAnchorsFile = "", "", ""
+			c.CaAddress, c.CaRootCert = "", ""
 			c.CertChainFile, c.KeyFile, c.RootCertFile = settings.WorkloadCertDir+"/cert-chain.pem", settings.WorkloadCertDir+"/key.pem", settings.WorkloadCertDir+"/root-cert.pem"
 		})},
 	}

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		binDir = dir
-		// A CA for every agentd: sds-server is ready only with a workload certificate.
+		// A CA for every agentd: sds-server serves the workload certificate it signs.
 		stop, err := startTestCA(dir)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "start the test CA: %v\n", err)
