@@ -10,6 +10,7 @@ import (
 	"istio.io/api/annotation"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
 )
 
@@ -19,19 +20,19 @@ const envoyReadyTimeout = time.Hour
 
 // bootstrapConfig is the input of Envoy's bootstrap and command line, as pilot-agent derives
 // it: the pod, the merged ProxyConfig, the node's metadata variables and Envoy's settings.
-func bootstrapConfig(s *settings.Settings) *envoy.Config {
+func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 	e := &s.Env
 	var exclude []string
 	if v := s.Annotations[annotation.SidecarTrafficExcludeInterfaces.Name]; v != "" {
 		exclude = strings.Split(v, ",")
 	}
-	return &envoy.Config{
+	return &bootstrap.Config{
 		Type:                        s.ProxyType,
 		PodName:                     e.PodName,
 		PodNamespace:                e.PodNamespace,
 		ServiceAccount:              e.ServiceAccount,
 		Domain:                      s.Domain,
-		IPs:                         envoy.ProxyIPs(e.InstanceIP, exclude),
+		IPs:                         bootstrap.ProxyIPs(e.InstanceIP, exclude),
 		ProxyConfig:                 s.ProxyConfig,
 		Labels:                      s.Labels,
 		Annotations:                 s.Annotations,
@@ -52,22 +53,22 @@ func bootstrapConfig(s *settings.Settings) *envoy.Config {
 
 // envoyCommand is Envoy's argv after the binary and the bootstrap file it reads (relative to
 // the root): agentd's own, or the ProxyConfig's customConfigFile, used as it is.
-func envoyCommand(s *settings.Settings, cfg *envoy.Config) (args []string, bootstrap string, err error) {
-	bootstrap = envoy.BootstrapFile
+func envoyCommand(s *settings.Settings, cfg *bootstrap.Config) (args []string, bootstrapPath string, err error) {
+	bootstrapPath = bootstrap.File
 	if f := s.ProxyConfig.GetCustomConfigFile(); f != "" {
-		bootstrap = f
+		bootstrapPath = f
 	}
-	args, err = envoy.Args(cfg, envoy.CommandOptions{
-		BootstrapPath: bootstrap, LogLevel: s.Proxy.LogLevel, ComponentLogLevel: s.Proxy.ComponentLogLevel,
+	args, err = bootstrap.Args(cfg, bootstrap.CommandOptions{
+		BootstrapPath: bootstrapPath, LogLevel: s.Proxy.LogLevel, ComponentLogLevel: s.Proxy.ComponentLogLevel,
 		SkipDeprecatedLogs: s.Env.SkipDeprecatedLogs, EnableCoreDump: s.Env.EnableCoreDump,
 		BootstrapOverride: s.Env.BootstrapOverride, HostIP: s.Env.HostIP,
 	})
-	return args, bootstrap, err
+	return args, bootstrapPath, err
 }
 
 // envoyProcess is how Envoy's process is run and drained: its admin API, Istio's drain
 // settings, the bootstrap written before each start.
-func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootstrap string) envoy.ProcessOptions {
+func envoyProcess(s *settings.Settings, cfg *bootstrap.Config, args []string, bootstrapPath string) envoy.ProcessOptions {
 	pc := s.ProxyConfig
 	localhost := "127.0.0.1"
 	if allColon(cfg.IPs) {
@@ -76,7 +77,7 @@ func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootst
 	o := envoy.ProcessOptions{
 		Args: args, Dir: s.Root, Env: s.Environ,
 		AdminHost: localhost, AdminPort: int(pc.GetProxyAdminPort()),
-		InboundOnly:                 s.ProxyType == envoy.Sidecar,
+		InboundOnly:                 s.ProxyType == bootstrap.Sidecar,
 		TerminationDrainDuration:    pc.GetTerminationDrainDuration().AsDuration(),
 		ExitOnZeroActiveConnections: cfg.ExitOnZeroActiveConnections,
 		MinimumDrainDuration:        s.Env.MinimumDrainDuration.D(),
@@ -84,8 +85,8 @@ func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootst
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
 	}
 	if pc.GetCustomConfigFile() == "" { // agentd's bootstrap, written before each start
-		path := filepath.Join(s.Root, bootstrap)
-		o.Prepare = func() error { return envoy.WriteBootstrap(cfg, path) }
+		path := filepath.Join(s.Root, bootstrapPath)
+		o.Prepare = func() error { return bootstrap.Write(cfg, path) }
 		o.Cleanup = func() { os.Remove(path) }
 	}
 	return o

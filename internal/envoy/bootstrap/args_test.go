@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"os"
@@ -45,7 +45,7 @@ func TestArgs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &Config{IPs: tt.ips, ProxyConfig: DefaultProxyConfig()}
-			o := CommandOptions{BootstrapPath: BootstrapFile}
+			o := CommandOptions{BootstrapPath: File}
 			tt.modify(c, &o)
 			got, err := Args(c, o)
 			if err != nil {
@@ -60,7 +60,7 @@ func TestArgs(t *testing.T) {
 
 func TestArgsMissingOverride(t *testing.T) {
 	c := &Config{IPs: []string{"10.0.0.1"}, ProxyConfig: DefaultProxyConfig()}
-	_, err := Args(c, CommandOptions{BootstrapPath: BootstrapFile, BootstrapOverride: "/nonexistent/override.yaml"})
+	_, err := Args(c, CommandOptions{BootstrapPath: File, BootstrapOverride: "/nonexistent/override.yaml"})
 	if err == nil || !strings.Contains(err.Error(), "ISTIO_BOOTSTRAP_OVERRIDE") {
 		t.Fatalf("Args = %v, want an ISTIO_BOOTSTRAP_OVERRIDE error", err)
 	}

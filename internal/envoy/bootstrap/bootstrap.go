@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -21,8 +21,8 @@ import (
 	meshv1 "istio.io/api/mesh/v1alpha1"
 )
 
-// BootstrapFile is where pilot-agent writes Envoy's bootstrap, relative to the root.
-const BootstrapFile = "etc/istio/proxy/envoy-rev.json"
+// File is where pilot-agent writes Envoy's bootstrap, relative to the root.
+const File = "etc/istio/proxy/envoy-rev.json"
 
 // Stats Envoy must keep for readiness, draining and Istio's telemetry (pkg/bootstrap).
 var (
@@ -38,7 +38,7 @@ var (
 // tree would map it and register its descriptors at start. Input Envoy would reject is
 // rejected here by explicit checks (Config.Check and the builders below); tests decode every
 // configuration's output strictly and validate it with the types (package configcheck).
-func Bootstrap(c *Config) ([]byte, error) {
+func Build(c *Config) ([]byte, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -59,9 +59,9 @@ func Bootstrap(c *Config) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// WriteBootstrap generates the bootstrap and writes it to path (atomically, 0644).
-func WriteBootstrap(c *Config, path string) error {
-	data, err := Bootstrap(c)
+// Write generates the bootstrap and writes it to path (atomically, 0644).
+func Write(c *Config, path string) error {
+	data, err := Build(c)
 	if err != nil {
 		return err
 	}

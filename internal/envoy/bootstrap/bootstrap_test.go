@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -271,12 +271,12 @@ func TestBootstrapGolden(t *testing.T) {
 	}
 }
 
-// writeBootstrap is what WriteBootstrap writes for c.
+// writeBootstrap is what Write writes for c.
 func writeBootstrap(t *testing.T, c *Config) []byte {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), BootstrapFile)
-	if err := WriteBootstrap(c, path); err != nil {
-		t.Fatalf("WriteBootstrap: %v", err)
+	path := filepath.Join(t.TempDir(), File)
+	if err := Write(c, path); err != nil {
+		t.Fatalf("Write: %v", err)
 	}
 	got, err := os.ReadFile(path)
 	if err != nil {
@@ -289,7 +289,7 @@ func writeBootstrap(t *testing.T, c *Config) []byte {
 // passing full validation.
 func parseBootstrap(t testing.TB, c *Config) *bootstrapv3.Bootstrap {
 	t.Helper()
-	data, err := Bootstrap(c)
+	data, err := Build(c)
 	if err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
@@ -447,10 +447,10 @@ func TestBrokenInputFails(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := goldenCases[0].config(t)
 			tt.modify(c)
-			path := filepath.Join(t.TempDir(), BootstrapFile)
-			err := WriteBootstrap(c, path)
+			path := filepath.Join(t.TempDir(), File)
+			err := Write(c, path)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("WriteBootstrap = %v, want an error with %q", err, tt.want)
+				t.Fatalf("Write = %v, want an error with %q", err, tt.want)
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
 				t.Errorf("a bootstrap was written despite the error")
