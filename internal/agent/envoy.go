@@ -1,14 +1,17 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"istio.io/api/annotation"
+	meshv1 "istio.io/api/mesh/v1alpha1"
 
+	"github.com/agentd/agentd/internal/buildinfo"
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
@@ -22,6 +25,11 @@ const envoyReadyTimeout = time.Hour
 // it: the pod, the merged ProxyConfig, the node's metadata variables and Envoy's settings.
 func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 	e := &s.Env
+	pc := s.ProxyConfig
+	if s.Proxy.TemplateFile != "" && pc.GetCustomConfigFile() == "" { // as pilot-agent: the flag sets the ProxyConfig's
+		pc = proto.Clone(pc).(*meshv1.ProxyConfig)
+		pc.ProxyBootstrapTemplatePath = s.Proxy.TemplateFile
+	}
 	var exclude []string
 	if v := s.Annotations[annotation.SidecarTrafficExcludeInterfaces.Name]; v != "" {
 		exclude = strings.Split(v, ",")
@@ -33,7 +41,7 @@ func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 		ServiceAccount:              e.ServiceAccount,
 		Domain:                      s.Domain,
 		IPs:                         bootstrap.ProxyIPs(e.InstanceIP, exclude),
-		ProxyConfig:                 s.ProxyConfig,
+		ProxyConfig:                 pc,
 		Labels:                      s.Labels,
 		Annotations:                 s.Annotations,
 		Env:                         s.Environ,
@@ -42,26 +50,46 @@ func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 		ExitOnZeroActiveConnections: e.ExitOnZeroActiveConnections,
 		EnvoyStatusPort:             int(e.EnvoyStatusPort),
 		EnvoyPrometheusPort:         int(e.EnvoyPrometheusPort),
-		SDSSocket:                   "./" + s.SDSSocket(),
+		SkipDeprecatedLogs:          e.SkipDeprecatedLogs,
+		WorkloadIdentitySocketFile:  e.WorkloadIdentitySocketFile,
+		IstioVersion:                buildinfo.IstioVersion,
 		OutlierLogPath:              s.Proxy.OutlierLogPath,
 		StsPort:                     s.Proxy.StsPort,
-		PilotSAN:                    []string{pilotSAN(s.ProxyConfig.GetDiscoveryAddress())},
-		XDSRootCA:                   e.XDSRootCA,
-		DNSProxyAddr:                s.DNSAddress,
+		PilotSAN:                    []string{pilotSAN(pc.GetDiscoveryAddress())},
+		DNSProxyAddr:                s.Getenv("DNS_PROXY_ADDR"), // the variable only, as Istio
 	}
 }
 
+// bootstrapTemplate is the template pilot-agent renders (proxyBootstrapTemplatePath, which
+// --templateFile sets, or the proxy image's), or "" where the image has none: agentd's own
+// bootstrap then, which is what Istio's template renders. A named template that is missing
+// is an error, as it stops pilot-agent.
+func bootstrapTemplate(s *settings.Settings, pc *meshv1.ProxyConfig) (string, error) {
+	tmpl, named := bootstrap.TemplatePath("", pc.GetProxyBootstrapTemplatePath())
+	if _, err := os.Stat(s.Path(tmpl)); err != nil {
+		if named {
+			return "", fmt.Errorf("bootstrap template: %w", err)
+		}
+		return "", nil
+	}
+	return tmpl, nil
+}
+
 // envoyCommand is Envoy's argv after the binary and the bootstrap file it reads (relative to
-// the root): agentd's own, or the ProxyConfig's customConfigFile, used as it is.
+// the root): the template rendered or agentd's own (envoy-rev.json in configPath), or the
+// ProxyConfig's customConfigFile, used as it is.
 func envoyCommand(s *settings.Settings, cfg *bootstrap.Config) (args []string, bootstrapPath string, err error) {
-	bootstrapPath = bootstrap.File
-	if f := s.ProxyConfig.GetCustomConfigFile(); f != "" {
+	tmpl, err := bootstrapTemplate(s, cfg.ProxyConfig)
+	if err != nil {
+		return nil, "", err
+	}
+	bootstrapPath = bootstrap.OutputFile(cfg.ProxyConfig.GetConfigPath(), tmpl)
+	if f := cfg.ProxyConfig.GetCustomConfigFile(); f != "" {
 		bootstrapPath = f
 	}
 	args, err = bootstrap.Args(cfg, bootstrap.CommandOptions{
 		BootstrapPath: bootstrapPath, LogLevel: s.Proxy.LogLevel, ComponentLogLevel: s.Proxy.ComponentLogLevel,
-		SkipDeprecatedLogs: s.Env.SkipDeprecatedLogs, EnableCoreDump: s.Env.EnableCoreDump,
-		BootstrapOverride: s.Env.BootstrapOverride, HostIP: s.Env.HostIP,
+		EnableCoreDump: s.Env.EnableCoreDump, BootstrapOverride: s.Env.BootstrapOverride, HostIP: s.Env.HostIP,
 	})
 	return args, bootstrapPath, err
 }
@@ -84,9 +112,12 @@ func envoyProcess(s *settings.Settings, cfg *bootstrap.Config, args []string, bo
 		MaxDrainDuration:            s.Env.MaxDrainDuration.D(),
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
 	}
-	if pc.GetCustomConfigFile() == "" { // agentd's bootstrap, written before each start
-		path := filepath.Join(s.Root, bootstrapPath)
+	if pc.GetCustomConfigFile() == "" { // the bootstrap, written before each start
+		path := s.Path(bootstrapPath)
 		o.Prepare = func() error { return bootstrap.Write(cfg, path) }
+		if tmpl, _ := bootstrapTemplate(s, cfg.ProxyConfig); tmpl != "" {
+			o.Prepare = func() error { return bootstrap.RenderFile(cfg, s.Path(tmpl), path) }
+		}
 		o.Cleanup = func() { os.Remove(path) }
 	}
 	return o

@@ -55,7 +55,7 @@ type ProxyFlags struct {
 	Domain            string // --domain; default <POD_NAMESPACE>.svc.cluster.local
 	MeshConfigFile    string // --meshConfig; default ./etc/istio/config/mesh
 	ServiceCluster    string // --serviceCluster; default istio-proxy
-	LogLevel          string // --proxyLogLevel; default warning,misc:error
+	LogLevel          string // --proxyLogLevel; default warning (Istio's flag default)
 	ComponentLogLevel string // --proxyComponentLogLevel
 	Concurrency       int    // --concurrency (legacy; 0: unset)
 	TemplateFile      string // --templateFile
@@ -115,7 +115,7 @@ const (
 	DefaultStatusPort     = 15020
 	DefaultMeshConfigFile = "./etc/istio/config/mesh"
 	DefaultResolvConf     = "/etc/resolv.conf"
-	DefaultProxyLogLevel  = "warning,misc:error"
+	DefaultProxyLogLevel  = "warning"
 )
 
 // Resolve computes the Settings from the command line and the environment (os.Environ's

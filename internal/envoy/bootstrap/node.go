@@ -7,11 +7,12 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/agentd/agentd/internal/buildinfo"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -53,27 +54,69 @@ type Config struct {
 	ProxyConfig *meshv1.ProxyConfig // the merged ProxyConfig (see MergeProxyConfig)
 	Labels      map[string]string   // the pod's labels file (etc/istio/pod/labels)
 	Annotations map[string]string   // the pod's annotations file (etc/istio/pod/annotations)
-	// Env is the environment, scanned for ISTIO_META_<K>=v (metadata K: v) and
-	// ISTIO_METAJSON_<K>=<json object> (merged into the metadata).
+	// Env is the environment, scanned for ISTIO_META_<K>=v (metadata K: v),
+	// ISTIO_METAJSON_<K>=<json object> (merged into the metadata) and HOST_IP (which replaces
+	// $(HOST_IP) in the tracer and metrics service addresses).
 	Env []string
 
-	IstioVersion                string   // ISTIO_VERSION metadata
+	// IstioVersion is the Istio release of the proxy image, ISTIO_VERSION in the metadata;
+	// "" means buildinfo.IstioVersion. An ISTIO_META_ISTIO_VERSION overrides it, as in Istio.
+	IstioVersion                string
 	DeltaXDS                    bool     // ISTIO_DELTA_XDS: DELTA_GRPC instead of GRPC for ADS
 	DualStack                   bool     // ISTIO_DUAL_STACK
 	ExitOnZeroActiveConnections bool     // EXIT_ON_ZERO_ACTIVE_CONNECTIONS
-	MetadataDiscovery           bool     // METADATA_DISCOVERY (needs DeltaXDS)
+	MetadataDiscovery           bool     // METADATA_DISCOVERY (used with delta xDS only)
+	SkipDeprecatedLogs          bool     // ENVOY_SKIP_DEPRECATED_LOGS (Istio's default: true)
 	EnvoyStatusPort             int      // ENVOY_STATUS_PORT; 0 means 15021
 	EnvoyPrometheusPort         int      // ENVOY_PROMETHEUS_PORT; 0 means 15090
-	SDSSocket                   string   // Envoy's sds-grpc path; "" means Istio's
+	StatusPortProxyProtocol     bool     // ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL
+	LogAsJSON                   bool     // --log_as_json: Envoy's application log in JSON
+	WorkloadIdentitySocketFile  string   // WORKLOAD_IDENTITY_SOCKET_FILE; "" means "socket"
+	CredentialSocket            bool     // a credential SDS socket exists: "credential" metadata
+	FileCredentials             bool     // sds-server serves file certificates only: sds-files-grpc
 	OutlierLogPath              string   // --outlierLogPath
 	StsPort                     int      // --stsPort (metadata only)
-	PilotSAN                    []string // PILOT_SAN metadata
-	XDSRootCA                   string   // XDS_ROOT_CA metadata
+	PilotSAN                    []string // PILOT_SAN metadata, with controlPlaneAuthPolicy MUTUAL_TLS only
 	DNSProxyAddr                string   // DNS_PROXY_ADDR metadata
+
+	// Warn, when set, receives what Istio logs as a warning and goes on from (a bad
+	// ISTIO_METAJSON_ variable, an annotation that does not parse).
+	Warn func(msg string, args ...any)
 }
 
 // DefaultSDSSocket is where Envoy finds the workload SDS server (relative to the root).
-const DefaultSDSSocket = "./var/run/secrets/workload-spiffe-uds/socket"
+const DefaultSDSSocket = sdsSocketDir + "socket"
+
+// Istio's socket paths, relative to the root.
+const (
+	sdsSocketDir         = "./var/run/secrets/workload-spiffe-uds/"
+	fileCredentialSocket = "./var/run/secrets/credential-uds/files-socket"
+)
+
+// sdsSocketFile is the file name of the workload SDS socket in sdsSocketDir.
+func (c *Config) sdsSocketFile() string {
+	if c.WorkloadIdentitySocketFile != "" {
+		return c.WorkloadIdentitySocketFile
+	}
+	return "socket"
+}
+
+func (c *Config) warn(msg string, args ...any) {
+	if c.Warn != nil {
+		c.Warn(msg, args...)
+	}
+}
+
+// getenv is the last value of key in c.Env.
+func (c *Config) getenv(key string) string {
+	v := ""
+	for _, kv := range c.Env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
+}
 
 func (c *Config) statusPort() int     { return orDefault(c.EnvoyStatusPort, 15021) }
 func (c *Config) prometheusPort() int { return orDefault(c.EnvoyPrometheusPort, 15090) }
@@ -126,8 +169,8 @@ func (c *Config) Check() error {
 			errs = append(errs, fmt.Errorf("%s %d: must be a port in 1-65535", p.name, p.v))
 		}
 	}
-	if c.MetadataDiscovery && !c.DeltaXDS {
-		errs = append(errs, errors.New("METADATA_DISCOVERY needs delta xDS (ISTIO_DELTA_XDS=true)"))
+	if f := c.WorkloadIdentitySocketFile; f != "" && f != filepath.Base(f) {
+		errs = append(errs, fmt.Errorf("WORKLOAD_IDENTITY_SOCKET_FILE %q: must be a file name, not a path", f))
 	}
 	return errors.Join(errs...)
 }
@@ -143,18 +186,18 @@ func (c *Config) NodeID() string {
 
 // Node is the bootstrap's node: id, service cluster, locality and Istio's metadata.
 func (c *Config) Node() (*corev3.Node, error) {
-	meta, labels, err := c.metadata()
+	m, err := c.nodeMetadata()
 	if err != nil {
 		return nil, err
 	}
-	st, err := structpb.NewStruct(meta)
+	st, err := structpb.NewStruct(m.meta)
 	if err != nil {
 		return nil, fmt.Errorf("node metadata: %w", err)
 	}
 	return &corev3.Node{
 		Id:       c.NodeID(),
-		Cluster:  serviceCluster(c.ProxyConfig, labels, c.PodNamespace, stringOf(meta["WORKLOAD_NAME"])),
-		Locality: locality(labels),
+		Cluster:  serviceCluster(c.ProxyConfig, m.labels, c.PodNamespace, stringOf(m.meta["WORKLOAD_NAME"])),
+		Locality: m.locality,
 		Metadata: st,
 	}, nil
 }
@@ -166,24 +209,152 @@ const (
 	legacyLocality = "istio-locality"
 )
 
-// metadata builds the node metadata as Istio's GetNodeMetaData and ConvertNodeToXDSNode do:
-// proxyMetadata ISTIO_META_ keys, ISTIO_META_* and ISTIO_METAJSON_* variables, then the
-// typed keys agentd knows, which win. It also returns the effective labels.
-func (c *Config) metadata() (map[string]any, map[string]string, error) {
+// stringBoolKeys are the metadata keys Istio types as booleans written as "true"/"false":
+// a value that is not a boolean fails, false is left out.
+var stringBoolKeys = []string{
+	"ENABLE_SELF_DISCOVERY", "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND",
+	"INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE",
+}
+
+// nodeMeta is the node's metadata with what the bootstrap derives from it.
+type nodeMeta struct {
+	meta     map[string]any
+	labels   map[string]string // the effective labels (LABELS)
+	locality *corev3.Locality  // never nil: Istio writes "locality": {} without one
+}
+
+// nodeMetadata builds the metadata as Istio's generateNodeMetadata (GetNodeMetaData) does:
+// the untyped keys of proxyMetadata ISTIO_META_*, the ISTIO_META_* and ISTIO_METAJSON_*
+// variables and DNS_PROXY_ADDR, read into Istio's typed metadata (which normalises some of
+// them), then the typed keys agentd sets, which win over the untyped ones.
+func (c *Config) nodeMetadata() (nodeMeta, error) {
+	raw := c.untypedMetadata()
 	meta := map[string]any{}
+	for k, v := range raw {
+		meta[k] = v
+	}
+	if err := normaliseTyped(meta); err != nil {
+		return nodeMeta{}, err
+	}
+
+	var static map[string]string
+	if v := c.getenv(metaJSONPrefix + "LABELS"); v != "" {
+		if err := json.Unmarshal([]byte(v), &static); err != nil {
+			c.warn("ISTIO_METAJSON_LABELS is not a JSON object of strings", "error", err)
+			static = nil
+		}
+	}
+	labels := map[string]string{}
+	for k, v := range static {
+		labels[k] = v
+	}
+	for k, v := range c.Labels {
+		if k != "pod-template-hash" {
+			labels[k] = v
+		}
+	}
+	loc := labels[localityLabel]
+	if _, ok := labels[localityLabel]; !ok {
+		loc = labels[legacyLocality]
+	}
+	if loc != "" && !strings.Contains(loc, "/") {
+		loc = strings.ReplaceAll(loc, ".", "/")
+	}
+	if loc != "" {
+		labels[legacyLocality] = loc // Istio writes the sanitised form under the legacy key
+	}
+
+	pc, err := proxyConfigJSON(c.ProxyConfig)
+	if err != nil {
+		return nodeMeta{}, err
+	}
+	version := stringOf(meta["ISTIO_VERSION"])
+	if version == "" {
+		version = c.IstioVersion
+	}
+	if version == "" {
+		version = buildinfo.IstioVersion
+	}
+	discovery := c.MetadataDiscovery
+	if _, set := raw["METADATA_DISCOVERY"]; !set && !discovery {
+		discovery = meta["ENABLE_HBONE"] == "true" // Istio: on with ambient's HBONE
+	}
+	typed := map[string]any{
+		"ISTIO_VERSION":                 version,
+		"INSTANCE_IPS":                  strings.Join(dedup(c.IPs), ","),
+		"NAMESPACE":                     c.PodNamespace,
+		"NAME":                          c.PodName,
+		"SERVICE_ACCOUNT":               c.ServiceAccount,
+		"ENVOY_STATUS_PORT":             c.statusPort(),
+		"ENVOY_PROMETHEUS_PORT":         c.prometheusPort(),
+		"PROXY_CONFIG":                  pc,
+		"OUTLIER_LOG_PATH":              c.OutlierLogPath,
+		"DNS_PROXY_ADDR":                c.DNSProxyAddr,
+		"METADATA_DISCOVERY":            strconv.FormatBool(discovery),
+		"WORKLOAD_IDENTITY_SOCKET_FILE": c.sdsSocketFile(),
+	}
+	if c.StsPort != 0 {
+		typed["STS_PORT"] = strconv.Itoa(c.StsPort)
+	}
+	if c.ExitOnZeroActiveConnections {
+		typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
+	}
+	if c.SkipDeprecatedLogs {
+		typed["ENVOY_SKIP_DEPRECATED_LOGS"] = "true"
+	}
+	if len(labels) > 0 {
+		typed["LABELS"] = stringMap(labels)
+	}
+	if len(static) > 0 {
+		typed["STATIC_LABELS"] = stringMap(static)
+	}
+	annos := map[string]string{}
+	if m, ok := meta["ANNOTATIONS"].(map[string]any); ok {
+		for k, v := range m {
+			annos[k] = stringOf(v)
+		}
+	}
+	for k, v := range c.Annotations {
+		annos[k] = v
+	}
+	if len(annos) > 0 {
+		typed["ANNOTATIONS"] = stringMap(annos)
+	}
+	if len(c.PilotSAN) > 0 && c.ProxyConfig.GetControlPlaneAuthPolicy() == meshv1.AuthenticationPolicy_MUTUAL_TLS {
+		typed["PILOT_SAN"] = stringList(c.PilotSAN)
+	}
+	for k, v := range typed {
+		if s, ok := v.(string); ok && s == "" {
+			continue // omitempty, as Istio's typed metadata; an untyped value stays
+		}
+		meta[k] = v
+	}
+	if c.CredentialSocket {
+		meta["credential"] = "true"
+	}
+	if c.FileCredentials {
+		meta["file-credential"] = "true"
+	}
+	return nodeMeta{meta: meta, labels: labels, locality: parseLocality(loc)}, nil
+}
+
+// untypedMetadata is Istio's untyped metadata: proxyMetadata ISTIO_META_ keys, then the
+// ISTIO_META_* variables, then each ISTIO_METAJSON_* object merged in (its name ignored; one
+// that does not parse is warned about and skipped), then DNS_PROXY_ADDR.
+func (c *Config) untypedMetadata() map[string]any {
+	raw := map[string]any{}
 	for k, v := range c.ProxyConfig.GetProxyMetadata() {
 		if name, ok := strings.CutPrefix(k, metaPrefix); ok {
-			meta[name] = v
+			raw[name] = v
 		}
 	}
 	for _, kv := range c.Env {
 		if rest, ok := strings.CutPrefix(kv, metaPrefix); ok {
 			if k, v, ok := strings.Cut(rest, "="); ok {
-				meta[k] = v
+				raw[k] = v
 			}
 		}
 	}
-	var staticLabels map[string]string
 	for _, kv := range c.Env {
 		rest, ok := strings.CutPrefix(kv, metaJSONPrefix)
 		if !ok {
@@ -193,80 +364,70 @@ func (c *Config) metadata() (map[string]any, map[string]string, error) {
 		if !ok {
 			continue
 		}
-		// Istio ignores the variable's name and merges the object into the metadata.
-		if err := json.Unmarshal([]byte(v), &meta); err != nil {
-			return nil, nil, fmt.Errorf("%s%s is not a JSON object: %w", metaJSONPrefix, k, err)
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(v), &obj); err != nil {
+			c.warn("ignoring an ISTIO_METAJSON_ variable that is not a JSON object, as Istio does", "name", metaJSONPrefix+k, "error", err)
+			continue
 		}
-		if k == "LABELS" {
-			if err := json.Unmarshal([]byte(v), &staticLabels); err != nil {
-				return nil, nil, fmt.Errorf("%sLABELS is not a JSON object of strings: %w", metaJSONPrefix, err)
-			}
+		for ok, ov := range obj {
+			raw[ok] = ov
 		}
 	}
+	if c.DNSProxyAddr != "" {
+		raw["DNS_PROXY_ADDR"] = c.DNSProxyAddr
+	}
+	return raw
+}
 
-	labels := map[string]string{}
-	for k, v := range staticLabels {
-		labels[k] = v
-	}
-	for k, v := range c.Labels {
-		if k != "pod-template-hash" {
-			labels[k] = v
+// normaliseTyped rewrites the untyped keys Istio reads into typed fields as Istio writes
+// them back: booleans as "true" (false left out), POD_PORTS compacted. A value Istio cannot
+// read fails, as it fails pilot-agent's start.
+func normaliseTyped(meta map[string]any) error {
+	for _, k := range stringBoolKeys {
+		v, ok := meta[k]
+		if !ok {
+			continue
+		}
+		b, err := strconv.ParseBool(stringOf(v))
+		if err != nil {
+			return fmt.Errorf("node metadata %s=%v: not a boolean", k, v)
+		}
+		if b {
+			meta[k] = "true"
+		} else {
+			delete(meta, k)
 		}
 	}
-	if l := labels[localityLabel]; l != "" {
-		labels[localityLabel] = strings.ReplaceAll(l, ".", "/")
+	if v, ok := meta["POD_PORTS"]; ok {
+		s, isString := v.(string)
+		var ports []struct {
+			Name          string `json:"name,omitempty"`
+			ContainerPort int    `json:"containerPort"`
+			Protocol      string `json:"protocol"`
+		}
+		if !isString || json.Unmarshal([]byte(s), &ports) != nil {
+			return fmt.Errorf("node metadata POD_PORTS=%v: not a JSON list of ports", v)
+		}
+		b, _ := json.Marshal(ports)
+		meta["POD_PORTS"] = string(b)
+		if ports == nil {
+			delete(meta, "POD_PORTS")
+		}
 	}
+	return nil
+}
 
-	pcJSON, err := protojson.Marshal(c.ProxyConfig)
+// proxyConfigJSON is the ProxyConfig as the metadata's PROXY_CONFIG object.
+func proxyConfigJSON(pc *meshv1.ProxyConfig) (map[string]any, error) {
+	b, err := protojson.Marshal(pc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("encode ProxyConfig: %w", err)
+		return nil, fmt.Errorf("encode ProxyConfig: %w", err)
 	}
-	var pc map[string]any
-	if err := json.Unmarshal(pcJSON, &pc); err != nil {
-		return nil, nil, fmt.Errorf("encode ProxyConfig: %w", err)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("encode ProxyConfig: %w", err)
 	}
-
-	typed := map[string]any{
-		"INSTANCE_IPS":          strings.Join(dedup(c.IPs), ","),
-		"NAMESPACE":             c.PodNamespace,
-		"NAME":                  c.PodName,
-		"SERVICE_ACCOUNT":       c.ServiceAccount,
-		"ISTIO_VERSION":         c.IstioVersion,
-		"ENVOY_STATUS_PORT":     c.statusPort(),
-		"ENVOY_PROMETHEUS_PORT": c.prometheusPort(),
-		"PROXY_CONFIG":          pc,
-		"OUTLIER_LOG_PATH":      c.OutlierLogPath,
-		"XDS_ROOT_CA":           c.XDSRootCA,
-		"DNS_PROXY_ADDR":        c.DNSProxyAddr,
-	}
-	if v, ok := meta["ISTIO_VERSION"]; ok && c.IstioVersion == "" {
-		typed["ISTIO_VERSION"] = v
-	}
-	if len(labels) > 0 {
-		typed["LABELS"] = stringMap(labels)
-	}
-	if len(c.Annotations) > 0 {
-		typed["ANNOTATIONS"] = stringMap(c.Annotations)
-	}
-	if len(c.PilotSAN) > 0 {
-		typed["PILOT_SAN"] = stringList(c.PilotSAN)
-	}
-	if c.StsPort != 0 {
-		typed["STS_PORT"] = strconv.Itoa(c.StsPort)
-	}
-	if c.ExitOnZeroActiveConnections {
-		typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
-	}
-	if c.MetadataDiscovery {
-		typed["METADATA_DISCOVERY"] = "true"
-	}
-	for k, v := range typed {
-		if s, ok := v.(string); ok && s == "" {
-			continue // omitempty, as Istio's typed metadata
-		}
-		meta[k] = v
-	}
-	return meta, labels, nil
+	return m, nil
 }
 
 func stringMap(m map[string]string) map[string]any {
@@ -300,14 +461,10 @@ func dedup(l []string) []string {
 	return out
 }
 
-// locality parses the locality label (region/zone/subzone); nil when there is none.
-func locality(labels map[string]string) *corev3.Locality {
-	l := labels[localityLabel]
+// parseLocality splits region/zone/subzone; empty without a locality.
+func parseLocality(l string) *corev3.Locality {
 	if l == "" {
-		l = strings.ReplaceAll(labels[legacyLocality], ".", "/")
-	}
-	if l == "" {
-		return nil
+		return &corev3.Locality{}
 	}
 	parts := strings.SplitN(l, "/", 3)
 	loc := &corev3.Locality{Region: parts[0]}
@@ -367,16 +524,6 @@ func canonicalService(labels map[string]string, workload string) string {
 	return workload
 }
 
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // ProxyIPs is pilot-agent's list of the proxy's addresses: instanceIP (INSTANCE_IP) first,
 // then the host's other addresses that are not loopback, link-local or unspecified, minus
 // those of the excluded interfaces (annotation traffic.sidecar.istio.io/excludeInterfaces);
@@ -393,7 +540,7 @@ func ProxyIPs(instanceIP string, excludeInterfaces []string) []string {
 		}
 	}
 	var host []string
-	for _, a := range interfaceAddrs("") {
+	for _, a := range upInterfaceAddrs() {
 		if !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && !a.IsUnspecified() {
 			host = append(host, a.String())
 		}
@@ -407,6 +554,20 @@ func ProxyIPs(instanceIP string, excludeInterfaces []string) []string {
 		}
 	}
 	return ips
+}
+
+// upInterfaceAddrs lists the addresses of the interfaces that are up and not loopback, as
+// Istio's GetPrivateIPs.
+func upInterfaceAddrs() []netip.Addr {
+	ifaces, _ := net.Interfaces()
+	var out []netip.Addr
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		out = append(out, interfaceAddrs(ifc.Name)...)
+	}
+	return out
 }
 
 // interfaceAddrs lists the addresses of one interface, or of all when name is "".
