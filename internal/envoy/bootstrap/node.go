@@ -202,6 +202,36 @@ func (c *Config) Node() (*corev3.Node, error) {
 	}, nil
 }
 
+// GRPCNode is the node of the gRPC xDS bootstrap, as Istio writes it: only the metadata keys
+// Istio's typed metadata knows (the untyped ISTIO_META_* and ISTIO_METAJSON_* keys are left
+// out there).
+func (c *Config) GRPCNode() (*corev3.Node, error) {
+	n, err := c.Node()
+	if err != nil {
+		return nil, err
+	}
+	for k := range n.Metadata.GetFields() {
+		if !slices.Contains(typedMetadataKeys, k) {
+			delete(n.Metadata.Fields, k)
+		}
+	}
+	return n, nil
+}
+
+// typedMetadataKeys are the JSON names of Istio's typed node metadata (BootstrapNodeMetadata).
+var typedMetadataKeys = []string{
+	"PROXY_CONFIG", "ISTIO_VERSION", "ISTIO_REVISION", "LABELS", "STATIC_LABELS", "ANNOTATIONS", "INSTANCE_IPS",
+	"NAMESPACE", "NODE_NAME", "WORKLOAD_NAME", "INTERCEPTION_MODE", "SERVICE_ACCOUNT", "HTTP_PROXY_PORT", "MESH_ID",
+	"CLUSTER_ID", "NETWORK", "REQUESTED_NETWORK_VIEW", "POD_PORTS", "TLS_SERVER_CERT_CHAIN", "TLS_SERVER_KEY",
+	"TLS_SERVER_ROOT_CERT", "TLS_CLIENT_CERT_CHAIN", "TLS_CLIENT_KEY", "TLS_CLIENT_ROOT_CERT", "BASE", "IDLE_TIMEOUT",
+	"HTTP10", "GENERATOR", "ENABLE_SELF_DISCOVERY", "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "DNS_PROXY_ADDR", "ENABLE_HBONE",
+	"DISABLE_HBONE_SEND", "AUTO_REGISTER_GROUP", "WORKLOAD_ENTRY", "UNPRIVILEGED_POD", "PLATFORM_METADATA", "STS_PORT",
+	"ENVOY_STATUS_PORT", "ENVOY_PROMETHEUS_PORT", "ENVOY_SECURE_METRICS_PORT", "ENVOY_SECURE_MERGED_METRICS_PORT",
+	"EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE",
+	"CLOUDRUN_ADDR", "METADATA_DISCOVERY", "ENVOY_SKIP_DEPRECATED_LOGS", "WORKLOAD_IDENTITY_SOCKET_FILE",
+	"NAME", "OWNER", "PILOT_SAN", "OUTLIER_LOG_PATH", "APP_CONTAINERS", "ISTIO_PROXY_SHA",
+}
+
 const (
 	metaPrefix     = "ISTIO_META_"
 	metaJSONPrefix = "ISTIO_METAJSON_"
