@@ -85,6 +85,18 @@ type outputs struct {
 // run runs `agentd proxy sidecar` for the case in a private network namespace until the
 // Envoy stand-in has recorded its start and the gRPC bootstrap is written, then stops it.
 func run(t *testing.T, caseDir, template string) outputs {
+	return runWith(t, caseDir, template, runOptions{})
+}
+
+// runOptions change a run: a template at another path, named by --templateFile or by the
+// ProxyConfig's proxyBootstrapTemplatePath.
+type runOptions struct {
+	templateAt string // where the template is copied, relative to the run's folder
+	flags      string // extra flags of agentd proxy sidecar
+	env        []string
+}
+
+func runWith(t *testing.T, caseDir, template string, ro runOptions) outputs {
 	t.Helper()
 	stack, err := os.MkdirTemp("", "compat") // short: Unix socket paths are at most 107 bytes
 	if err != nil {
@@ -108,7 +120,11 @@ func run(t *testing.T, caseDir, template string) outputs {
 		t.Fatal(err)
 	}
 	if template != "" {
-		if err := copyFile(template, filepath.Join(root, bootstrap.DefaultTemplate)); err != nil {
+		at := filepath.Join(root, bootstrap.DefaultTemplate)
+		if ro.templateAt != "" {
+			at = filepath.Join(stack, ro.templateAt)
+		}
+		if err := copyFile(template, at); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -129,13 +145,13 @@ set -a
 . "$COMPAT_HERE/config.env"
 set +a
 cd "$ROOT"
-exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN"
+exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 `
 	cmd := exec.Command("unshare", "-n", "--", "bash", "-c", script)
 	cmd.Env = slices.Concat([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + stack}, baseEnv(stack), []string{
 		"BIN=" + binDir, "ROOT=" + root, "STACK=" + stack, "STACK_ENVOY=" + filepath.Join(stack, "envoy"),
-		"COMPAT_HERE=" + caseDir, "ENVOY_STANDIN_RECORD=" + record,
-	})
+		"COMPAT_HERE=" + caseDir, "ENVOY_STANDIN_RECORD=" + record, "FLAGS=" + strings.ReplaceAll(ro.flags, "$STACK", stack),
+	}, expandStack(ro.env, stack))
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -182,6 +198,15 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN"
 		t.Logf("agentd's log:\n%s", log.String())
 	}
 	return o
+}
+
+// expandStack writes the run's folder for $STACK in env.
+func expandStack(env []string, stack string) []string {
+	out := make([]string, len(env))
+	for i, kv := range env {
+		out[i] = strings.ReplaceAll(kv, "$STACK", stack)
+	}
+	return out
 }
 
 func exists(p string) bool {
@@ -299,5 +324,44 @@ func TestPilotAgentOutputs(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestNamedTemplate: a template named by --templateFile or by the ProxyConfig's
+// proxyBootstrapTemplatePath is rendered (Istio's, with one value changed so that the
+// rendering shows; the path is in the metadata's PROXY_CONFIG as pilot-agent records it),
+// where agentd used to refuse to start.
+func TestNamedTemplate(t *testing.T) {
+	ref := reference(t)
+	caseDir := filepath.Join(ref, "cases", "plain")
+	text, err := os.ReadFile(filepath.Join(ref, "envoy_bootstrap_tmpl.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "/var/lib/istio/data/custom-template.prof"
+	custom := filepath.Join(t.TempDir(), "tmpl.json")
+	if err := os.WriteFile(custom, bytes.Replace(text, []byte("/var/lib/istio/data/envoy.prof"), []byte(marker), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		ro   runOptions
+	}{
+		{"templateFile", runOptions{templateAt: "custom/tmpl.json", flags: "--templateFile $STACK/custom/tmpl.json"}},
+		{"proxyBootstrapTemplatePath", runOptions{templateAt: "custom/tmpl.json", env: []string{
+			`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","controlPlaneAuthPolicy":"NONE","binaryPath":"$STACK/envoy",` +
+				`"statusPort":15020,"proxyAdminPort":15000,"proxyBootstrapTemplatePath":"$STACK/custom/tmpl.json"}`,
+		}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := runWith(t, caseDir, custom, tt.ro)
+			want := expected(t, caseDir, "bootstrap.json")
+			want["admin"].(map[string]any)["profile_path"] = marker
+			pc := want["node"].(map[string]any)["metadata"].(map[string]any)["PROXY_CONFIG"].(map[string]any)
+			pc["proxyBootstrapTemplatePath"] = "$STACK/custom/tmpl.json"
+			for _, d := range jsondiff.Diff("", got.bootstrap, want) {
+				t.Errorf("bootstrap.json: %s", d)
+			}
+		})
 	}
 }

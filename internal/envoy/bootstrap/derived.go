@@ -132,7 +132,7 @@ func (d *derived) remotes() error {
 	pc := d.c.ProxyConfig
 	if t := pc.GetTracing(); t != nil {
 		if t.GetTlsSettings() != nil {
-			return errors.New("tracing.tlsSettings is not supported by agentd's own bootstrap; use Istio's template (var/lib/istio/envoy/envoy_bootstrap_tmpl.json)")
+			return errors.New("tracing.tlsSettings is not supported by agentd yet")
 		}
 		var kind, addr string
 		switch tr := t.Tracer.(type) {
@@ -168,7 +168,7 @@ func (d *derived) remotes() error {
 			continue
 		}
 		if rs.svc.GetTlsSettings() != nil {
-			return fmt.Errorf("%s.tlsSettings is not supported by agentd's own bootstrap; use Istio's template", rs.name)
+			return fmt.Errorf("%s.tlsSettings is not supported by agentd yet", rs.name)
 		}
 		hp, err := d.address(rs.name, rs.svc.GetAddress())
 		if err != nil {
