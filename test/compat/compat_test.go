@@ -264,6 +264,9 @@ var intended = map[string]string{
 	// as $ROOT.
 	"grpc .xds_servers[0].server_uri": "agentd names the XDS socket under its root (unix://$ROOT/etc/istio/proxy/XDS), pilot-agent relative to / (the same path in a pod)",
 	"grpc .node.UserAgentVersionType": "a null field of Istio's Go struct, written by encoding/json; gRPC ignores it",
+	// Istio encodes the keepalive's protobuf wrappers with encoding/json ({"value": 3});
+	// protobuf's JSON, which Envoy reads, is the number.
+	"bootstrap .static_resources.clusters[5].upstream_connection_options.tcp_keepalive": "keepalive values as protobuf JSON numbers, not Istio's wrapper objects",
 }
 
 // pending are differences that are not intended, whose fix waits for a change outside the
@@ -282,24 +285,33 @@ func allowed(prefix, d string) bool {
 	return false
 }
 
-// TestPilotAgentOutputs: for every recorded case, with Istio's template and with agentd's own
+// TestPilotAgentOutputs: for every recorded case (the reference's and testdata/cases), with Istio's template and with agentd's own
 // bootstrap, Envoy's bootstrap and command line and the gRPC bootstrap are pilot-agent's.
 func TestPilotAgentOutputs(t *testing.T) {
 	ref := reference(t)
-	cases, err := os.ReadDir(filepath.Join(ref, "cases"))
-	if err != nil {
-		t.Fatal(err)
+	var dirs []string
+	for _, folder := range []string{filepath.Join(ref, "cases"), filepath.Join("testdata", "cases")} {
+		entries, err := os.ReadDir(folder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			abs, err := filepath.Abs(filepath.Join(folder, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dirs = append(dirs, abs)
+		}
 	}
-	if len(cases) == 0 {
-		t.Fatal("no recorded cases")
+	if len(dirs) < 7 {
+		t.Fatalf("%d recorded cases; want the 5 of the reference and the 2 of testdata", len(dirs))
 	}
-	for _, c := range cases {
-		caseDir := filepath.Join(ref, "cases", c.Name())
+	for _, caseDir := range dirs {
 		for _, mode := range []struct{ name, template string }{
 			{"template", filepath.Join(ref, "envoy_bootstrap_tmpl.json")},
 			{"own", ""},
 		} {
-			t.Run(c.Name()+"/"+mode.name, func(t *testing.T) {
+			t.Run(filepath.Base(caseDir)+"/"+mode.name, func(t *testing.T) {
 				got := run(t, caseDir, mode.template)
 				for _, d := range jsondiff.Diff("", got.bootstrap, expected(t, caseDir, "bootstrap.json")) {
 					if !allowed("bootstrap", d) {

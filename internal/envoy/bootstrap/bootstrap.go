@@ -330,14 +330,18 @@ func (d *derived) clusters() []object {
 	}
 	clusters = append(clusters, xdsCluster(pc))
 	if t := d.tracer; t != nil {
+		var c object
 		switch t.kind {
 		case "zipkin":
-			c := d.dnsCluster("zipkin", t.address)
+			c = d.dnsCluster("zipkin", t.address)
 			c["dns_refresh_rate"] = "30s"
-			clusters = append(clusters, c)
 		case "datadog":
-			clusters = append(clusters, d.dnsCluster("datadog_agent", t.address))
+			c = d.dnsCluster("datadog_agent", t.address)
 		}
+		if t.tls != nil {
+			c["transport_socket"] = t.tls
+		}
+		clusters = append(clusters, c)
 	}
 	for _, rs := range []struct {
 		name string
@@ -349,6 +353,9 @@ func (d *derived) clusters() []object {
 		c := grpcCluster(d.dnsCluster(rs.name, rs.svc.address))
 		if ka := keepalive(rs.svc.keepalive.GetTcpKeepalive()); ka != nil {
 			c["upstream_connection_options"] = object{"tcp_keepalive": ka}
+		}
+		if rs.svc.tls != nil {
+			c["transport_socket"] = rs.svc.tls
 		}
 		clusters = append(clusters, c)
 	}

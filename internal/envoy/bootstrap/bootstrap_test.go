@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -146,6 +147,10 @@ var goldenCases = []goldenCase{
 		ips: []string{"10.244.1.17", "10.244.1.18"}, delta: true},
 	// Dual stack, IPv4 first and IPv6 first: both wildcards, ALL lookups for the DNS clusters.
 	{name: "dualstack4", typ: Router, env: routerEnv, mesh: routerMesh, ips: []string{"10.244.2.5", "fd00::5"}, delta: true, dualStack: true},
+	// TLS to the tracer (the workload's certificate), the metrics service (a CA file, SANs)
+	// and the access log service (a client certificate from files), a $(HOST_IP) tracer.
+	{name: "tls", typ: Sidecar, env: append(slices.Clone(sidecarEnv), "HOST_IP=10.0.0.7"), ips: []string{"10.244.1.17"}, delta: true,
+		proxyEnv: tlsProxyConfig},
 	{name: "dualstack6", typ: Sidecar, env: vmEnv, proxyEnv: datadogProxyConfig, ips: []string{"fd00:10::5", "10.0.0.5"}, dualStack: true},
 }
 
@@ -161,6 +166,28 @@ runtimeValues:
   overload.global_downstream_max_connections: "100"
   envoy.reloadable_features.http_reject_path_with_fragment: ""
   envoy.custom: "42"
+`
+
+const tlsProxyConfig = `
+tracing:
+  zipkin:
+    address: $(HOST_IP):9411
+  tlsSettings:
+    mode: ISTIO_MUTUAL
+envoyMetricsService:
+  address: metrics.monitoring:9000
+  tlsSettings:
+    mode: SIMPLE
+    caCertificates: /etc/metrics/ca.pem
+    subjectAltNames: [metrics.monitoring.svc]
+    sni: metrics.example
+envoyAccessLogService:
+  address: als.monitoring:9001
+  tlsSettings:
+    mode: MUTUAL
+    clientCertificate: /etc/als/cert.pem
+    privateKey: /etc/als/key.pem
+    caCertificates: /etc/als/ca.pem
 `
 
 const remoteProxyConfig = `

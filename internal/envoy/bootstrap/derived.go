@@ -69,11 +69,13 @@ type hostPort struct{ host, port string }
 type tracer struct {
 	kind    string // zipkin or datadog
 	address hostPort
+	tls     object // the transport socket of tlsSettings, or nil
 }
 
 type remoteService struct {
 	address   hostPort
 	keepalive *meshv1.RemoteService
+	tls       object // the transport socket of tlsSettings, or nil
 }
 
 func (c *Config) derive() (*derived, error) {
@@ -131,9 +133,6 @@ func (d *derived) address(what, hostPortStr string) (hostPort, error) {
 func (d *derived) remotes() error {
 	pc := d.c.ProxyConfig
 	if t := pc.GetTracing(); t != nil {
-		if t.GetTlsSettings() != nil {
-			return errors.New("tracing.tlsSettings is not supported by agentd yet")
-		}
 		var kind, addr string
 		switch tr := t.Tracer.(type) {
 		case *meshv1.Tracing_Zipkin_:
@@ -149,7 +148,7 @@ func (d *derived) remotes() error {
 			if err != nil {
 				return fmt.Errorf("tracing: %w", err)
 			}
-			d.tracer = &tracer{kind: kind, address: a}
+			d.tracer = &tracer{kind: kind, address: a, tls: d.tlsSocket(t.GetTlsSettings(), "tracer", false)}
 		}
 	}
 	if a := pc.GetStatsdUdpAddress(); a != "" {
@@ -160,21 +159,21 @@ func (d *derived) remotes() error {
 		d.statsd = &hp
 	}
 	for _, rs := range []struct {
-		name string
-		svc  *meshv1.RemoteService
-		dst  **remoteService
-	}{{"envoyMetricsService", pc.GetEnvoyMetricsService(), &d.metrics}, {"envoyAccessLogService", pc.GetEnvoyAccessLogService(), &d.accessLog}} {
+		name, sni string
+		svc       *meshv1.RemoteService
+		dst       **remoteService
+	}{
+		{"envoyMetricsService", "envoy_metrics_service", pc.GetEnvoyMetricsService(), &d.metrics},
+		{"envoyAccessLogService", "envoy_accesslog_service", pc.GetEnvoyAccessLogService(), &d.accessLog},
+	} {
 		if rs.svc.GetAddress() == "" {
 			continue
-		}
-		if rs.svc.GetTlsSettings() != nil {
-			return fmt.Errorf("%s.tlsSettings is not supported by agentd yet", rs.name)
 		}
 		hp, err := d.address(rs.name, rs.svc.GetAddress())
 		if err != nil {
 			return err
 		}
-		*rs.dst = &remoteService{address: hp, keepalive: rs.svc}
+		*rs.dst = &remoteService{address: hp, keepalive: rs.svc, tls: d.tlsSocket(rs.svc.GetTlsSettings(), rs.sni, true)}
 	}
 	return nil
 }

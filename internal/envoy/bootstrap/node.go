@@ -210,8 +210,8 @@ func (c *Config) GRPCNode() (*corev3.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	for k := range n.Metadata.GetFields() {
-		if !slices.Contains(typedMetadataKeys, k) {
+	for k, v := range n.Metadata.GetFields() {
+		if !slices.Contains(typedMetadataKeys, k) || slices.Contains(stringBoolKeys, k) && v.GetStringValue() != "true" {
 			delete(n.Metadata.Fields, k)
 		}
 	}
@@ -240,7 +240,7 @@ const (
 )
 
 // stringBoolKeys are the metadata keys Istio types as booleans written as "true"/"false":
-// a value that is not a boolean fails, false is left out.
+// a value that is not a boolean fails.
 var stringBoolKeys = []string{
 	"ENABLE_SELF_DISCOVERY", "DNS_CAPTURE", "DNS_AUTO_ALLOCATE", "ENABLE_HBONE", "DISABLE_HBONE_SEND",
 	"INBOUND_LISTENER_EXACT_BALANCE", "OUTBOUND_LISTENER_EXACT_BALANCE",
@@ -410,7 +410,7 @@ func (c *Config) untypedMetadata() map[string]any {
 }
 
 // normaliseTyped rewrites the untyped keys Istio reads into typed fields as Istio writes
-// them back: booleans as "true" (false left out), POD_PORTS compacted. A value Istio cannot
+// them back: a true boolean as "true" (a false one stays as given), POD_PORTS compacted. A value Istio cannot
 // read fails, as it fails pilot-agent's start.
 func normaliseTyped(meta map[string]any) error {
 	for _, k := range stringBoolKeys {
@@ -424,9 +424,7 @@ func normaliseTyped(meta map[string]any) error {
 		}
 		if b {
 			meta[k] = "true"
-		} else {
-			delete(meta, k)
-		}
+		} // false: the typed key is left out and Istio writes the untyped value back, as given
 	}
 	if v, ok := meta["POD_PORTS"]; ok {
 		s, isString := v.(string)
@@ -438,10 +436,9 @@ func normaliseTyped(meta map[string]any) error {
 		if !isString || json.Unmarshal([]byte(s), &ports) != nil {
 			return fmt.Errorf("node metadata POD_PORTS=%v: not a JSON list of ports", v)
 		}
-		b, _ := json.Marshal(ports)
-		meta["POD_PORTS"] = string(b)
-		if ports == nil {
-			delete(meta, "POD_PORTS")
+		if len(ports) > 0 { // an empty list stays as given, as with Istio
+			b, _ := json.Marshal(ports)
+			meta["POD_PORTS"] = string(b)
 		}
 	}
 	return nil

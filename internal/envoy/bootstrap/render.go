@@ -206,9 +206,11 @@ func (d *derived) params() (map[string]any, error) {
 	set("xds_root_cert", c.getenv("XDS_ROOT_CA"))
 	if t := d.tracer; t != nil {
 		set(t.kind, t.address.option())
+		setIf("tracing_tls", jsonOption(t.tls), t.tls != nil)
 	}
 	if m := d.metrics; m != nil {
 		set("envoy_metrics_service_address", m.address.option())
+		setIf("envoy_metrics_service_tls", jsonOption(m.tls), m.tls != nil)
 		if ka := keepalive(m.keepalive.GetTcpKeepalive()); ka != nil {
 			set("envoy_metrics_service_tcp_keepalive", keepaliveOption(ka))
 		}
@@ -216,6 +218,7 @@ func (d *derived) params() (map[string]any, error) {
 	set("envoy_metrics_stats_compression", d.compress)
 	if a := d.accessLog; a != nil {
 		set("envoy_accesslog_service_address", a.address.option())
+		setIf("envoy_accesslog_service_tls", jsonOption(a.tls), a.tls != nil)
 		if ka := keepalive(a.keepalive.GetTcpKeepalive()); ka != nil {
 			set("envoy_accesslog_service_tcp_keepalive", keepaliveOption(ka))
 		}
@@ -227,6 +230,12 @@ func (d *derived) params() (map[string]any, error) {
 // option is the address as Istio's addressConverter writes it into the template.
 func (a hostPort) option() string {
 	return fmt.Sprintf(`{"address": "%s", "port_value": %s}`, a.host, a.port)
+}
+
+// jsonOption is a JSON object as a template option's text.
+func jsonOption(o object) string {
+	b, _ := json.Marshal(o)
+	return string(b)
 }
 
 // keepaliveOption is a keepalive as the template's upstream_connection_options.
