@@ -76,10 +76,10 @@ func (d *derived) tlsSocket(s *networkingv1.ClientTLSSettings, sniName string, h
 func sdsSecret(name string) object {
 	src := object{
 		"api_config_source": object{
-			"api_type":                   "GRPC",
+			"api_type":                       "GRPC",
 			"set_node_on_first_message_only": true,
-			"transport_api_version":       "V3",
-			"grpc_services":              []object{{"envoy_grpc": object{"cluster_name": "sds-grpc"}}},
+			"transport_api_version":          "V3",
+			"grpc_services":                  []object{{"envoy_grpc": object{"cluster_name": "sds-grpc"}}},
 		},
 		"resource_api_version": "V3",
 	}
