@@ -266,15 +266,37 @@ func (c *Config) nodeMetadata() (nodeMeta, error) {
 	if err := normaliseTyped(meta); err != nil {
 		return nodeMeta{}, err
 	}
+	static, labels, loc := c.labels()
+	typed, err := c.typedMetadata(raw, meta, static, labels)
+	if err != nil {
+		return nodeMeta{}, err
+	}
+	for k, v := range typed {
+		if s, ok := v.(string); ok && s == "" {
+			continue // omitempty, as Istio's typed metadata; an untyped value stays
+		}
+		meta[k] = v
+	}
+	if c.CredentialSocket {
+		meta["credential"] = "true"
+	}
+	if c.FileCredentials {
+		meta["file-credential"] = "true"
+	}
+	return nodeMeta{meta: meta, labels: labels, locality: parseLocality(loc)}, nil
+}
 
-	var static map[string]string
+// labels are Istio's: the static labels (ISTIO_METAJSON_LABELS), the pod's over them
+// (without pod-template-hash), and the locality label, sanitised ("." as "/") and written
+// back under istio-locality, as Istio does.
+func (c *Config) labels() (static, labels map[string]string, locality string) {
 	if v := c.getenv(metaJSONPrefix + "LABELS"); v != "" {
 		if err := json.Unmarshal([]byte(v), &static); err != nil {
 			c.warn("ISTIO_METAJSON_LABELS is not a JSON object of strings", "error", err)
 			static = nil
 		}
 	}
-	labels := map[string]string{}
+	labels = map[string]string{}
 	for k, v := range static {
 		labels[k] = v
 	}
@@ -283,20 +305,25 @@ func (c *Config) nodeMetadata() (nodeMeta, error) {
 			labels[k] = v
 		}
 	}
-	loc := labels[localityLabel]
-	if _, ok := labels[localityLabel]; !ok {
+	loc, ok := labels[localityLabel]
+	if !ok {
 		loc = labels[legacyLocality]
 	}
 	if loc != "" && !strings.Contains(loc, "/") {
 		loc = strings.ReplaceAll(loc, ".", "/")
 	}
 	if loc != "" {
-		labels[legacyLocality] = loc // Istio writes the sanitised form under the legacy key
+		labels[legacyLocality] = loc
 	}
+	return static, labels, loc
+}
 
+// typedMetadata are the keys of Istio's typed metadata agentd sets; they win over the
+// untyped ones (raw as given, meta normalised).
+func (c *Config) typedMetadata(raw, meta map[string]any, static, labels map[string]string) (map[string]any, error) {
 	pc, err := proxyConfigJSON(c.ProxyConfig)
 	if err != nil {
-		return nodeMeta{}, err
+		return nil, err
 	}
 	version := stringOf(meta["ISTIO_VERSION"])
 	if version == "" {
@@ -353,19 +380,7 @@ func (c *Config) nodeMetadata() (nodeMeta, error) {
 	if len(c.PilotSAN) > 0 && c.ProxyConfig.GetControlPlaneAuthPolicy() == meshv1.AuthenticationPolicy_MUTUAL_TLS {
 		typed["PILOT_SAN"] = stringList(c.PilotSAN)
 	}
-	for k, v := range typed {
-		if s, ok := v.(string); ok && s == "" {
-			continue // omitempty, as Istio's typed metadata; an untyped value stays
-		}
-		meta[k] = v
-	}
-	if c.CredentialSocket {
-		meta["credential"] = "true"
-	}
-	if c.FileCredentials {
-		meta["file-credential"] = "true"
-	}
-	return nodeMeta{meta: meta, labels: labels, locality: parseLocality(loc)}, nil
+	return typed, nil
 }
 
 // untypedMetadata is Istio's untyped metadata: proxyMetadata ISTIO_META_ keys, then the

@@ -112,53 +112,76 @@ func toJSON(v any) string {
 // Istio skips when zero are left out, so that a template's {{ if }} sees them as Istio's does.
 // Istio's .metadata (its Go struct) is the metadata map here, keyed by the JSON names.
 func (d *derived) params() (map[string]any, error) {
-	c, pc := d.c, d.c.ProxyConfig
-	p := map[string]any{}
-	set := func(name string, v any) { p[name] = v }
-	setIf := func(name string, v any, ok bool) {
-		if ok {
-			p[name] = v
-		}
+	p := params{}
+	if err := d.nodeParams(p); err != nil {
+		return nil, err
 	}
+	d.statsParams(p)
+	d.networkParams(p)
+	if err := d.serviceParams(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// params is a template's option set.
+type params map[string]any
+
+func (p params) set(name string, v any) { p[name] = v }
+
+// setIf sets an option Istio skips when it is zero.
+func (p params) setIf(name string, v any, ok bool) {
+	if ok {
+		p[name] = v
+	}
+}
+
+// nodeParams: the node (id, type, locality, metadata), the xDS and SDS choices.
+func (d *derived) nodeParams(p params) error {
+	c, pc := d.c, d.c.ProxyConfig
 	meta, err := json.Marshal(d.meta)
 	if err != nil {
-		return nil, fmt.Errorf("encode node metadata: %w", err)
-	}
-	runtime, err := json.Marshal(d.runtime)
-	if err != nil {
-		return nil, fmt.Errorf("encode runtime flags: %w", err)
+		return fmt.Errorf("encode node metadata: %w", err)
 	}
 	var sans []string
 	sanList, _ := d.meta["PILOT_SAN"].([]any)
 	for _, s := range sanList {
 		sans = append(sans, `{"exact":"`+stringOf(s)+`"}`)
 	}
-
-	set("nodeID", c.NodeID())
-	set("nodeType", string(c.Type))
-	set("pilot_SAN", "["+strings.Join(sans, ",")+"]")
-	setIf("outlier_log_path", c.OutlierLogPath, c.OutlierLogPath != "")
-	setIf("custom_file_path", fileCredentialSocket, d.customFile)
-	set("log_json", c.LogAsJSON)
-	set("discovery_host", strings.Split(pc.DiscoveryAddress, ":")[0])
-	set("metadata", d.meta)
-	set("xds_type", d.xdsType)
-	set("metadata_discovery", d.metaDisc)
-	set("metrics_localhost_access_only", d.localhostOnly)
+	p.set("nodeID", c.NodeID())
+	p.set("nodeType", string(c.Type))
+	p.set("pilot_SAN", "["+strings.Join(sans, ",")+"]")
+	p.setIf("outlier_log_path", c.OutlierLogPath, c.OutlierLogPath != "")
+	p.setIf("custom_file_path", fileCredentialSocket, d.customFile)
+	p.set("log_json", c.LogAsJSON)
+	p.set("discovery_host", strings.Split(pc.DiscoveryAddress, ":")[0])
+	p.set("metadata", d.meta)
+	p.set("xds_type", d.xdsType)
+	p.set("metadata_discovery", d.metaDisc)
+	p.set("metrics_localhost_access_only", d.localhostOnly)
 	if c.StsPort > 0 {
-		set("sts", true)
-		set("sts_port", c.StsPort)
+		p.set("sts", true)
+		p.set("sts_port", c.StsPort)
 	}
-	set("workload_identity_socket_file", c.sdsSocketFile())
+	p.set("workload_identity_socket_file", c.sdsSocketFile())
 
 	loc := d.node.GetLocality()
-	setIf("region", loc.GetRegion(), loc.GetRegion() != "")
-	setIf("zone", loc.GetZone(), loc.GetZone() != "")
-	setIf("sub_zone", loc.GetSubZone(), loc.GetSubZone() != "")
-	setIf("inclusionPrefix", d.prefixes, len(d.prefixes) > 0)
-	setIf("inclusionSuffix", d.suffixes, len(d.suffixes) > 0)
-	setIf("inclusionRegexps", d.regexps, len(d.regexps) > 0)
-	setIf("extraStatTags", d.extraTags, len(d.extraTags) > 0)
+	p.setIf("region", loc.GetRegion(), loc.GetRegion() != "")
+	p.setIf("zone", loc.GetZone(), loc.GetZone() != "")
+	p.setIf("sub_zone", loc.GetSubZone(), loc.GetSubZone() != "")
+	p.set("meta_json_str", string(meta))
+	return nil
+}
+
+// statsParams: the stats inclusion list, tags, buckets and intervals, the runtime layer and
+// the ports and limit of the static listeners.
+func (d *derived) statsParams(p params) {
+	c := d.c
+	runtime, _ := json.Marshal(d.runtime) // strings and booleans
+	p.setIf("inclusionPrefix", d.prefixes, len(d.prefixes) > 0)
+	p.setIf("inclusionSuffix", d.suffixes, len(d.suffixes) > 0)
+	p.setIf("inclusionRegexps", d.regexps, len(d.regexps) > 0)
+	p.setIf("extraStatTags", d.extraTags, len(d.extraTags) > 0)
 	type match struct {
 		Prefix string `json:"prefix"`
 	}
@@ -170,61 +193,69 @@ func (d *derived) params() (map[string]any, error) {
 	for _, b := range d.buckets {
 		buckets = append(buckets, bucket{Match: match{b.Prefix}, Buckets: b.Buckets})
 	}
-	set("histogram_buckets", buckets)
-	setIf("stats_flush_interval", d.flush, d.flush != 0)
-	setIf("stats_eviction_interval", strconv.FormatInt(int64(d.eviction.Seconds()), 10)+"s", d.eviction != 0)
-	set("meta_json_str", string(meta))
-	set("runtime_flags", string(runtime))
-	set("envoy_status_port", c.statusPort())
-	set("envoy_prometheus_port", c.prometheusPort())
-	set("global_downstream_max_connections", d.maxConns)
+	p.set("histogram_buckets", buckets)
+	p.setIf("stats_flush_interval", d.flush, d.flush != 0)
+	p.setIf("stats_eviction_interval", strconv.FormatInt(int64(d.eviction.Seconds()), 10)+"s", d.eviction != 0)
+	p.set("runtime_flags", string(runtime))
+	p.set("envoy_status_port", c.statusPort())
+	p.set("envoy_prometheus_port", c.prometheusPort())
+	p.set("global_downstream_max_connections", d.maxConns)
 
-	set("localhost", d.fam.localhost)
-	set("wildcard", d.fam.wildcard)
-	set("dns_lookup_family", d.fam.dnsLookup)
+}
+
+// networkParams: the proxy's IP families.
+func (d *derived) networkParams(p params) {
+	p.set("localhost", d.fam.localhost)
+	p.set("wildcard", d.fam.wildcard)
+	p.set("dns_lookup_family", d.fam.dnsLookup)
 	if d.fam.dualStack {
-		set("additional_localhost", d.fam.additionalLocalhost)
-		set("additional_wildcard", d.fam.additionalWildcard)
-		set("dual_stack", true)
+		p.set("additional_localhost", d.fam.additionalLocalhost)
+		p.set("additional_wildcard", d.fam.additionalWildcard)
+		p.set("dual_stack", true)
 	}
-	setIf("envoy_status_port_enable_proxy_protocol", true, c.StatusPortProxyProtocol)
-	setIf("enable_self_discovery", true, d.selfDisc)
+	p.setIf("envoy_status_port_enable_proxy_protocol", true, d.c.StatusPortProxyProtocol)
+	p.setIf("enable_self_discovery", true, d.selfDisc)
+}
 
-	set("config", pc)
-	set("cluster", d.node.GetCluster())
+// serviceParams: the ProxyConfig and what it names outside the proxy: the discovery
+// address, statsd, the tracer and the metrics and access log services.
+func (d *derived) serviceParams(p params) error {
+	c, pc := d.c, d.c.ProxyConfig
+	p.set("config", pc)
+	p.set("cluster", d.node.GetCluster())
 	if pc.DiscoveryAddress != "" {
 		a, err := d.address("discoveryAddress", pc.DiscoveryAddress)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		set("pilot_grpc_address", a.option())
+		p.set("pilot_grpc_address", a.option())
 	}
-	set("discovery_address", pc.DiscoveryAddress)
+	p.set("discovery_address", pc.DiscoveryAddress)
 	if d.statsd != nil {
-		set("statsd", d.statsd.option())
+		p.set("statsd", d.statsd.option())
 	}
-	set("xds_root_cert", c.getenv("XDS_ROOT_CA"))
+	p.set("xds_root_cert", c.getenv("XDS_ROOT_CA"))
 	if t := d.tracer; t != nil {
-		set(t.kind, t.address.option())
-		setIf("tracing_tls", jsonOption(t.tls), t.tls != nil)
+		p.set(t.kind, t.address.option())
+		p.setIf("tracing_tls", jsonOption(t.tls), t.tls != nil)
 	}
 	if m := d.metrics; m != nil {
-		set("envoy_metrics_service_address", m.address.option())
-		setIf("envoy_metrics_service_tls", jsonOption(m.tls), m.tls != nil)
+		p.set("envoy_metrics_service_address", m.address.option())
+		p.setIf("envoy_metrics_service_tls", jsonOption(m.tls), m.tls != nil)
 		if ka := keepalive(m.keepalive.GetTcpKeepalive()); ka != nil {
-			set("envoy_metrics_service_tcp_keepalive", keepaliveOption(ka))
+			p.set("envoy_metrics_service_tcp_keepalive", keepaliveOption(ka))
 		}
 	}
-	set("envoy_metrics_stats_compression", d.compress)
+	p.set("envoy_metrics_stats_compression", d.compress)
 	if a := d.accessLog; a != nil {
-		set("envoy_accesslog_service_address", a.address.option())
-		setIf("envoy_accesslog_service_tls", jsonOption(a.tls), a.tls != nil)
+		p.set("envoy_accesslog_service_address", a.address.option())
+		p.setIf("envoy_accesslog_service_tls", jsonOption(a.tls), a.tls != nil)
 		if ka := keepalive(a.keepalive.GetTcpKeepalive()); ka != nil {
-			set("envoy_accesslog_service_tcp_keepalive", keepaliveOption(ka))
+			p.set("envoy_accesslog_service_tcp_keepalive", keepaliveOption(ka))
 		}
 	}
-	setIf("load_stats_config_json_str", d.loadStats, d.loadStats != "")
-	return p, nil
+	p.setIf("load_stats_config_json_str", d.loadStats, d.loadStats != "")
+	return nil
 }
 
 // option is the address as Istio's addressConverter writes it into the template.
