@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -492,6 +493,9 @@ func (d *derived) tracing() object {
 	}
 }
 
+// statsdLookupTimeout bounds the resolution of statsd's host name at start.
+const statsdLookupTimeout = 2 * time.Second
+
 // statsSinks are the metrics service and statsd. Envoy's statsd sink needs an IP: a host
 // name is resolved here (Istio's template writes it as given, which Envoy refuses).
 func (d *derived) statsSinks() []object {
@@ -505,8 +509,11 @@ func (d *derived) statsSinks() []object {
 	if d.statsd != nil {
 		a := *d.statsd
 		if net.ParseIP(a.host) == nil {
-			if ips, err := net.LookupIP(a.host); err == nil && len(ips) > 0 {
-				a.host = ips[0].String()
+			ctx, cancel := context.WithTimeout(context.Background(), statsdLookupTimeout)
+			ips, err := net.DefaultResolver.LookupIPAddr(ctx, a.host)
+			cancel()
+			if err == nil && len(ips) > 0 {
+				a.host = ips[0].IP.String()
 			} else {
 				d.c.warn("statsdUdpAddress: cannot resolve the host; Envoy will refuse the name", "host", a.host, "error", err)
 			}
