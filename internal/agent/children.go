@@ -28,7 +28,7 @@ type configs struct {
 	dns      *agentv1.DNSProxyConfig // nil: DNS capture off, no dns-proxy
 	dnsSocks []socketSpec
 	prober   *agentv1.ProberConfig // nil: nothing to probe, no prober
-	envoy    *bootstrap.Config         // nil: Envoy disabled
+	envoy    *bootstrap.Config     // nil: Envoy disabled
 	envoyRun envoy.ProcessOptions
 	warnings []string
 }
