@@ -25,6 +25,7 @@ import (
 	"github.com/agentd/agentd/internal/bus"
 	"github.com/agentd/agentd/internal/control"
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/proc"
 	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
@@ -129,13 +130,13 @@ func buildConfigs(s *settings.Settings, uid int) (*configs, error) {
 	if !s.DisableEnvoy {
 		c.envoy = bootstrapConfig(s)
 		var args []string
-		var bootstrap string
-		if args, bootstrap, err = envoyCommand(s, c.envoy); err != nil {
+		var bootstrapPath string
+		if args, bootstrapPath, err = envoyCommand(s, c.envoy); err != nil {
 			return nil, fmt.Errorf("envoy: %w", err)
 		}
-		c.envoyRun = envoyProcess(s, c.envoy, args, bootstrap)
+		c.envoyRun = envoyProcess(s, c.envoy, args, bootstrapPath)
 		if c.envoyRun.Prepare != nil { // agentd's bootstrap: a broken input fails here
-			if _, err := envoy.Bootstrap(c.envoy); err != nil {
+			if _, err := bootstrap.Build(c.envoy); err != nil {
 				return nil, fmt.Errorf("envoy bootstrap: %w", err)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentd/agentd/internal/component"
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/supervisor"
 )
@@ -27,7 +28,7 @@ type configs struct {
 	dns      *agentv1.DNSProxyConfig // nil: DNS capture off, no dns-proxy
 	dnsSocks []socketSpec
 	prober   *agentv1.ProberConfig // nil: nothing to probe, no prober
-	envoy    *envoy.Config         // nil: Envoy disabled
+	envoy    *bootstrap.Config     // nil: Envoy disabled
 	envoyRun envoy.ProcessOptions
 	warnings []string
 }

@@ -1,15 +1,19 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"istio.io/api/annotation"
+	meshv1 "istio.io/api/mesh/v1alpha1"
 
+	"github.com/agentd/agentd/internal/buildinfo"
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
 )
 
@@ -19,20 +23,25 @@ const envoyReadyTimeout = time.Hour
 
 // bootstrapConfig is the input of Envoy's bootstrap and command line, as pilot-agent derives
 // it: the pod, the merged ProxyConfig, the node's metadata variables and Envoy's settings.
-func bootstrapConfig(s *settings.Settings) *envoy.Config {
+func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 	e := &s.Env
+	pc := s.ProxyConfig
+	if s.Proxy.TemplateFile != "" && pc.GetCustomConfigFile() == "" { // as pilot-agent: the flag sets the ProxyConfig's
+		pc = proto.Clone(pc).(*meshv1.ProxyConfig)
+		pc.ProxyBootstrapTemplatePath = s.Proxy.TemplateFile
+	}
 	var exclude []string
 	if v := s.Annotations[annotation.SidecarTrafficExcludeInterfaces.Name]; v != "" {
 		exclude = strings.Split(v, ",")
 	}
-	return &envoy.Config{
+	return &bootstrap.Config{
 		Type:                        s.ProxyType,
 		PodName:                     e.PodName,
 		PodNamespace:                e.PodNamespace,
 		ServiceAccount:              e.ServiceAccount,
 		Domain:                      s.Domain,
-		IPs:                         envoy.ProxyIPs(e.InstanceIP, exclude),
-		ProxyConfig:                 s.ProxyConfig,
+		IPs:                         bootstrap.ProxyIPs(e.InstanceIP, exclude),
+		ProxyConfig:                 pc,
 		Labels:                      s.Labels,
 		Annotations:                 s.Annotations,
 		Env:                         s.Environ,
@@ -41,33 +50,53 @@ func bootstrapConfig(s *settings.Settings) *envoy.Config {
 		ExitOnZeroActiveConnections: e.ExitOnZeroActiveConnections,
 		EnvoyStatusPort:             int(e.EnvoyStatusPort),
 		EnvoyPrometheusPort:         int(e.EnvoyPrometheusPort),
-		SDSSocket:                   "./" + s.SDSSocket(),
+		SkipDeprecatedLogs:          e.SkipDeprecatedLogs,
+		WorkloadIdentitySocketFile:  e.WorkloadIdentitySocketFile,
+		IstioVersion:                buildinfo.IstioVersion,
 		OutlierLogPath:              s.Proxy.OutlierLogPath,
 		StsPort:                     s.Proxy.StsPort,
-		PilotSAN:                    []string{pilotSAN(s.ProxyConfig.GetDiscoveryAddress())},
-		XDSRootCA:                   e.XDSRootCA,
-		DNSProxyAddr:                s.DNSAddress,
+		PilotSAN:                    []string{pilotSAN(pc.GetDiscoveryAddress())},
+		DNSProxyAddr:                s.Getenv("DNS_PROXY_ADDR"), // the variable only, as Istio
 	}
 }
 
-// envoyCommand is Envoy's argv after the binary and the bootstrap file it reads (relative to
-// the root): agentd's own, or the ProxyConfig's customConfigFile, used as it is.
-func envoyCommand(s *settings.Settings, cfg *envoy.Config) (args []string, bootstrap string, err error) {
-	bootstrap = envoy.BootstrapFile
-	if f := s.ProxyConfig.GetCustomConfigFile(); f != "" {
-		bootstrap = f
+// bootstrapTemplate is the template pilot-agent renders (proxyBootstrapTemplatePath, which
+// --templateFile sets, or the proxy image's), or "" where the image has none: agentd's own
+// bootstrap then, which is what Istio's template renders. A named template that is missing
+// is an error, as it stops pilot-agent.
+func bootstrapTemplate(s *settings.Settings, pc *meshv1.ProxyConfig) (string, error) {
+	tmpl, named := bootstrap.TemplatePath("", pc.GetProxyBootstrapTemplatePath())
+	if _, err := os.Stat(s.Path(tmpl)); err != nil {
+		if named {
+			return "", fmt.Errorf("bootstrap template: %w", err)
+		}
+		return "", nil
 	}
-	args, err = envoy.Args(cfg, envoy.CommandOptions{
-		BootstrapPath: bootstrap, LogLevel: s.Proxy.LogLevel, ComponentLogLevel: s.Proxy.ComponentLogLevel,
-		SkipDeprecatedLogs: s.Env.SkipDeprecatedLogs, EnableCoreDump: s.Env.EnableCoreDump,
-		BootstrapOverride: s.Env.BootstrapOverride, HostIP: s.Env.HostIP,
+	return tmpl, nil
+}
+
+// envoyCommand is Envoy's argv after the binary and the bootstrap file it reads (relative to
+// the root): the template rendered or agentd's own (envoy-rev.json in configPath), or the
+// ProxyConfig's customConfigFile, used as it is.
+func envoyCommand(s *settings.Settings, cfg *bootstrap.Config) (args []string, bootstrapPath string, err error) {
+	tmpl, err := bootstrapTemplate(s, cfg.ProxyConfig)
+	if err != nil {
+		return nil, "", err
+	}
+	bootstrapPath = bootstrap.OutputFile(cfg.ProxyConfig.GetConfigPath(), tmpl)
+	if f := cfg.ProxyConfig.GetCustomConfigFile(); f != "" {
+		bootstrapPath = f
+	}
+	args, err = bootstrap.Args(cfg, bootstrap.CommandOptions{
+		BootstrapPath: bootstrapPath, LogLevel: s.Proxy.LogLevel, ComponentLogLevel: s.Proxy.ComponentLogLevel,
+		EnableCoreDump: s.Env.EnableCoreDump, BootstrapOverride: s.Env.BootstrapOverride, HostIP: s.Env.HostIP,
 	})
-	return args, bootstrap, err
+	return args, bootstrapPath, err
 }
 
 // envoyProcess is how Envoy's process is run and drained: its admin API, Istio's drain
 // settings, the bootstrap written before each start.
-func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootstrap string) envoy.ProcessOptions {
+func envoyProcess(s *settings.Settings, cfg *bootstrap.Config, args []string, bootstrapPath string) envoy.ProcessOptions {
 	pc := s.ProxyConfig
 	localhost := "127.0.0.1"
 	if allColon(cfg.IPs) {
@@ -76,16 +105,19 @@ func envoyProcess(s *settings.Settings, cfg *envoy.Config, args []string, bootst
 	o := envoy.ProcessOptions{
 		Args: args, Dir: s.Root, Env: s.Environ,
 		AdminHost: localhost, AdminPort: int(pc.GetProxyAdminPort()),
-		InboundOnly:                 s.ProxyType == envoy.Sidecar,
+		InboundOnly:                 s.ProxyType == bootstrap.Sidecar,
 		TerminationDrainDuration:    pc.GetTerminationDrainDuration().AsDuration(),
 		ExitOnZeroActiveConnections: cfg.ExitOnZeroActiveConnections,
 		MinimumDrainDuration:        s.Env.MinimumDrainDuration.D(),
 		MaxDrainDuration:            s.Env.MaxDrainDuration.D(),
 		ExcludedListeners:           envoy.IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
 	}
-	if pc.GetCustomConfigFile() == "" { // agentd's bootstrap, written before each start
-		path := filepath.Join(s.Root, bootstrap)
-		o.Prepare = func() error { return envoy.WriteBootstrap(cfg, path) }
+	if pc.GetCustomConfigFile() == "" { // the bootstrap, written before each start
+		path := s.Path(bootstrapPath)
+		o.Prepare = func() error { return bootstrap.Write(cfg, path) }
+		if tmpl, _ := bootstrapTemplate(s, cfg.ProxyConfig); tmpl != "" {
+			o.Prepare = func() error { return bootstrap.RenderFile(cfg, s.Path(tmpl), path) }
+		}
 		o.Cleanup = func() { os.Remove(path) }
 	}
 	return o

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
 )
 
@@ -39,7 +39,7 @@ func views(t *testing.T, s *settings.Settings) map[string]string {
 	}
 	if !s.DisableEnvoy {
 		cfg := bootstrapConfig(s)
-		boot, err := envoy.Bootstrap(cfg)
+		boot, err := bootstrap.Build(cfg)
 		args, path, aerr := envoyCommand(s, cfg)
 		p := envoyProcess(s, cfg, args, path)
 		p.Prepare, p.Cleanup = nil, nil // closures: not comparable

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/status"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
@@ -29,7 +30,7 @@ func statusConfig(s *settings.Settings) (status.Config, error) {
 	if err != nil {
 		return status.Config{}, err
 	}
-	if s.ProxyType != envoy.Sidecar {
+	if s.ProxyType != bootstrap.Sidecar {
 		app = nil // Istio merges app metrics for sidecars only
 	}
 	cfg := status.Config{App: app, MetricsLocalhostOnly: s.Env.MetricsLocalhostOnly, DisableProfiling: s.Proxy.DisableProfiling}

@@ -1,4 +1,5 @@
-// Package envoy gives agentd its Envoy as Istio's pilot-agent runs it: ProxyConfig and node
-// identity, the bootstrap (JSON built from checked input), the command line, the admin API
-// client, and the process itself with Istio's drain and stop.
+// Package envoy runs agentd's Envoy as Istio's pilot-agent runs it: the process with its
+// logs, the admin API client, readiness, and Istio's drain and stop. What Envoy is started
+// with (the bootstrap, the command line, the node) is package envoy/bootstrap: pure functions
+// of the resolved settings, testable without a process.
 package envoy

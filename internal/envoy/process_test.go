@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/logbuf"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -89,7 +90,7 @@ func startControlPlane(t *testing.T, root, nodeID string) *controlPlane {
 		register func(*grpc.Server)
 	}{
 		{filepath.Join(root, "etc/istio/proxy/XDS"), func(g *grpc.Server) { discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv) }},
-		{filepath.Join(root, DefaultSDSSocket), func(g *grpc.Server) { secretv3.RegisterSecretDiscoveryServiceServer(g, srv) }},
+		{filepath.Join(root, bootstrap.DefaultSDSSocket), func(g *grpc.Server) { secretv3.RegisterSecretDiscoveryServiceServer(g, srv) }},
 	} {
 		if err := os.MkdirAll(filepath.Dir(sock.path), 0o755); err != nil {
 			t.Fatal(err)
@@ -193,7 +194,7 @@ func countIn(b *logbuf.Buffer, sub string) int { return strings.Count(b.String()
 // rig is a stand-in Envoy with its bootstrap, control plane and log.
 type rig struct {
 	root    string
-	cfg     *Config
+	cfg     *bootstrap.Config
 	opts    ProcessOptions
 	cp      *controlPlane
 	log     *logbuf.Buffer
@@ -207,16 +208,16 @@ func newRig(t *testing.T, delta bool, modify func(*ProcessOptions)) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	pc := DefaultProxyConfig()
+	pc := bootstrap.DefaultProxyConfig()
 	pc.ProxyAdminPort = int32(freePort(t))
 	pc.StatusPort = int32(freePort(t))
 	pc.DrainDuration = durationpb.New(time.Second)
-	cfg := &Config{
-		Type: Sidecar, PodName: "app-1", PodNamespace: "default", IPs: []string{"127.0.0.1"},
+	cfg := &bootstrap.Config{
+		Type: bootstrap.Sidecar, PodName: "app-1", PodNamespace: "default", IPs: []string{"127.0.0.1"},
 		ProxyConfig: pc, DeltaXDS: delta, ExitOnZeroActiveConnections: true,
 		EnvoyStatusPort: freePort(t), EnvoyPrometheusPort: freePort(t),
 	}
-	args, err := Args(cfg, CommandOptions{BootstrapPath: BootstrapFile, LogLevel: "warning,misc:error"})
+	args, err := bootstrap.Args(cfg, bootstrap.CommandOptions{BootstrapPath: bootstrap.File, LogLevel: "warning,misc:error"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,8 +227,8 @@ func newRig(t *testing.T, delta bool, modify func(*ProcessOptions)) *rig {
 		Args: args, Dir: root, AdminHost: "127.0.0.1", AdminPort: int(pc.ProxyAdminPort),
 		InboundOnly: true, TerminationDrainDuration: 5 * time.Second, MinimumDrainDuration: 5 * time.Second,
 		ExcludedListeners: IstioListenerStats(cfg.EnvoyStatusPort, cfg.EnvoyPrometheusPort),
-		Prepare:           func() error { return WriteBootstrap(cfg, filepath.Join(root, BootstrapFile)) },
-		Cleanup:           func() { os.Remove(filepath.Join(root, BootstrapFile)) },
+		Prepare:           func() error { return bootstrap.Write(cfg, filepath.Join(root, bootstrap.File)) },
+		Cleanup:           func() { os.Remove(filepath.Join(root, bootstrap.File)) },
 		Log:               hclog.New(&hclog.LoggerOptions{Name: "envoy", Output: log, Level: hclog.Debug}),
 	}
 	if modify != nil {
@@ -316,7 +317,7 @@ func TestProcessReadyOnlyAfterXDS(t *testing.T) {
 				t.Errorf("Metrics = %.200q, %v", m, err)
 			}
 			// The readiness listener routes /healthz/ready to the agent's status port.
-			if _, err := os.Stat(filepath.Join(r.root, BootstrapFile)); err != nil {
+			if _, err := os.Stat(filepath.Join(r.root, bootstrap.File)); err != nil {
 				t.Errorf("bootstrap not written: %v", err)
 			}
 		})
@@ -514,7 +515,7 @@ func TestProcessCrash(t *testing.T) {
 	if e.Err() == nil || e.Err().Error() != "signal: killed" {
 		t.Errorf("Err = %v, want signal: killed", e.Err())
 	}
-	if _, err := os.Stat(filepath.Join(r.root, BootstrapFile)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(r.root, bootstrap.File)); !os.IsNotExist(err) {
 		t.Errorf("bootstrap left behind after exit: %v", err)
 	}
 	if !strings.Contains(r.log.String(), "too much memory") {

@@ -19,7 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	meshv1 "istio.io/api/mesh/v1alpha1"
 
-	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/vmconfig"
 )
 
@@ -55,7 +55,7 @@ type ProxyFlags struct {
 	Domain            string // --domain; default <POD_NAMESPACE>.svc.cluster.local
 	MeshConfigFile    string // --meshConfig; default ./etc/istio/config/mesh
 	ServiceCluster    string // --serviceCluster; default istio-proxy
-	LogLevel          string // --proxyLogLevel; default warning,misc:error
+	LogLevel          string // --proxyLogLevel; default warning (Istio's flag default)
 	ComponentLogLevel string // --proxyComponentLogLevel
 	Concurrency       int    // --concurrency (legacy; 0: unset)
 	TemplateFile      string // --templateFile
@@ -86,7 +86,7 @@ type Settings struct {
 	DiscoveryAddress string // the upstream xDS server
 	Domain           string // the proxy's DNS domain
 	DNSAddress       string // dns-proxy's UDP and TCP address
-	ProxyType        envoy.ProxyType
+	ProxyType        bootstrap.ProxyType
 	ProxyConfig      *meshv1.ProxyConfig // mesh file, PROXY_CONFIG, annotation, merged as Istio
 	Labels           map[string]string   // etc/istio/pod/labels
 	Annotations      map[string]string   // etc/istio/pod/annotations
@@ -115,7 +115,7 @@ const (
 	DefaultStatusPort     = 15020
 	DefaultMeshConfigFile = "./etc/istio/config/mesh"
 	DefaultResolvConf     = "/etc/resolv.conf"
-	DefaultProxyLogLevel  = "warning,misc:error"
+	DefaultProxyLogLevel  = "warning"
 )
 
 // Resolve computes the Settings from the command line and the environment (os.Environ's
@@ -180,13 +180,13 @@ func (s *Settings) loadVM(log hclog.Logger) error {
 // pilot-agent's ConstructProxyConfig.
 func (s *Settings) resolveProxy(log hclog.Logger) error {
 	var err error
-	if s.ProxyType, err = envoy.ParseProxyType(s.Proxy.Type); err != nil {
+	if s.ProxyType, err = bootstrap.ParseProxyType(s.Proxy.Type); err != nil {
 		return err
 	}
-	if s.Labels, err = envoy.ReadPodInfo(s.Path("etc/istio/pod/labels")); err != nil {
+	if s.Labels, err = bootstrap.ReadPodInfo(s.Path("etc/istio/pod/labels")); err != nil {
 		return fmt.Errorf("pod labels: %w", err)
 	}
-	if s.Annotations, err = envoy.ReadPodInfo(s.Path("etc/istio/pod/annotations")); err != nil {
+	if s.Annotations, err = bootstrap.ReadPodInfo(s.Path("etc/istio/pod/annotations")); err != nil {
 		return fmt.Errorf("pod annotations: %w", err)
 	}
 	mesh, err := os.ReadFile(s.Path(cmp.Or(s.Proxy.MeshConfigFile, DefaultMeshConfigFile)))
@@ -194,7 +194,7 @@ func (s *Settings) resolveProxy(log hclog.Logger) error {
 		return fmt.Errorf("mesh config file: %w", err)
 	}
 	s.Files.MeshConfig = string(mesh)
-	if s.ProxyConfig, err = envoy.MergeProxyConfig(envoy.ProxyConfigSources{
+	if s.ProxyConfig, err = bootstrap.MergeProxyConfig(bootstrap.ProxyConfigSources{
 		MeshConfig: s.Files.MeshConfig, Env: s.Env.ProxyConfig, Annotations: s.Annotations,
 		ServiceCluster: s.Proxy.ServiceCluster, Concurrency: s.Proxy.Concurrency, CPULimit: int(s.Env.CPULimit),
 	}); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/agentd/agentd/internal/logbuf"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/envoy/bootstrap"
 )
 
 // envoyBinary is a real envoy when one is on PATH, else the stand-in (test/envoy-standin).
@@ -88,7 +89,7 @@ func TestEnvoyReadyAfterXDS(t *testing.T) {
 	if pids["envoy"] == 0 {
 		t.Fatalf("no envoy child in %+v", st.Children)
 	}
-	if _, err := os.Stat(filepath.Join(tree.Root, envoy.BootstrapFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(tree.Root, bootstrap.File)); err != nil {
 		t.Errorf("bootstrap: %v", err)
 	}
 	// The kubelet's readiness probe goes through Envoy's 15021 listener to the status server.

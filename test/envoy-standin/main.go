@@ -19,11 +19,16 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 )
 
 func main() {
+	if err := record(os.Getenv("ENVOY_STANDIN_RECORD"), os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "envoy-standin:", err)
+		os.Exit(1)
+	}
 	opts, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "envoy-standin:", err)
@@ -35,6 +40,37 @@ func main() {
 		logf("critical", "main", "%v", err)
 		os.Exit(1)
 	}
+}
+
+// record, when dir is set (ENVOY_STANDIN_RECORD), writes what the stand-in was started with,
+// as the recordings of Istio's pilot-agent have it: envoy-argv.txt (one argument a line),
+// bootstrap.json (the -c file, as given) and envoy-cwd.txt. Compatibility tests compare them.
+func record(dir string, args []string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	files := map[string][]byte{"envoy-argv.txt": []byte(strings.Join(args, "\n") + "\n")}
+	if wd, err := os.Getwd(); err == nil {
+		files["envoy-cwd.txt"] = []byte(wd + "\n")
+	}
+	for i, a := range args {
+		if (a == "-c" || a == "--config-path") && i+1 < len(args) {
+			data, err := os.ReadFile(args[i+1])
+			if err != nil {
+				return fmt.Errorf("record the bootstrap: %w", err)
+			}
+			files["bootstrap.json"] = data
+		}
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+	}
+	return nil
 }
 
 // options are the Envoy flags the stand-in reads; the others are accepted and ignored.

@@ -116,7 +116,12 @@ func loadBootstrap(o *options) (*bootstrapv3.Bootstrap, error) {
 			}
 		}
 		if err := protojson.Unmarshal(data, b); err != nil {
-			return nil, fmt.Errorf("unable to parse JSON as proto (%s): %w", o.configPath, err)
+			// Envoy reads a .json file that is not strict JSON as YAML, as Istio's template
+			// needs in one branch (a trailing comma).
+			js, yerr := yaml.YAMLToJSON(data)
+			if yerr != nil || protojson.Unmarshal(js, b) != nil {
+				return nil, fmt.Errorf("unable to parse JSON as proto (%s): %w", o.configPath, err)
+			}
 		}
 	}
 	if o.configYAML != "" {

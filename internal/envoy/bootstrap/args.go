@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -20,11 +20,10 @@ type CommandOptions struct {
 	LogLevel string
 	// ComponentLogLevel is the deprecated --proxyComponentLogLevel, used only when LogLevel
 	// has no scoped tokens.
-	ComponentLogLevel  string
-	SkipDeprecatedLogs bool   // ENVOY_SKIP_DEPRECATED_LOGS (Istio's default: true)
-	EnableCoreDump     bool   // ISTIO_ENVOY_ENABLE_CORE_DUMP
-	BootstrapOverride  string // ISTIO_BOOTSTRAP_OVERRIDE: a YAML/JSON fragment for --config-yaml
-	HostIP             string // HOST_IP, replaces $(HOST_IP) in the override
+	ComponentLogLevel string
+	EnableCoreDump    bool   // ISTIO_ENVOY_ENABLE_CORE_DUMP
+	BootstrapOverride string // ISTIO_BOOTSTRAP_OVERRIDE: a YAML/JSON fragment for --config-yaml
+	HostIP            string // HOST_IP, replaces $(HOST_IP) in the override
 }
 
 // Args is Envoy's argv after the binary, exactly as pilot-agent builds it.
@@ -59,18 +58,19 @@ func Args(c *Config, o CommandOptions) ([]string, error) {
 	} else if o.ComponentLogLevel != "" {
 		args = append(args, "--component-log-level", o.ComponentLogLevel)
 	}
-	if o.SkipDeprecatedLogs {
+	if c.SkipDeprecatedLogs {
 		args = append(args, "--skip-deprecated-logs")
 	}
 	if o.EnableCoreDump {
 		args = append(args, "--enable-core-dump")
 	}
 	if o.BootstrapOverride != "" {
-		js, err := readBootstrapOverride(o.BootstrapOverride, o.HostIP)
-		if err != nil {
-			return nil, err
+		// A file that cannot be read is warned about and left out, as Istio does.
+		if js, err := readBootstrapOverride(o.BootstrapOverride, o.HostIP); err != nil {
+			c.warn("ignoring ISTIO_BOOTSTRAP_OVERRIDE, as Istio does", "error", err)
+		} else {
+			args = append(args, "--config-yaml", js)
 		}
-		args = append(args, "--config-yaml", js)
 	}
 	if n := pc.GetConcurrency(); n != nil && n.Value > 0 {
 		args = append(args, "--concurrency", strconv.Itoa(int(n.Value)))

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -6,11 +6,13 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/agentd/agentd/internal/envoy/configcheck"
+	"github.com/agentd/agentd/test/compat/jsondiff"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -132,8 +134,8 @@ var goldenCases = []goldenCase{
 		proxyEnv: datadogProxyConfig, modify: func(c *Config) {
 			c.MetadataDiscovery = true
 			c.EnvoyStatusPort, c.EnvoyPrometheusPort = 16021, 16090
-			c.SDSSocket = "/run/agentd/sds.sock"
-			c.StsPort, c.XDSRootCA, c.DNSProxyAddr = 15463, "/etc/certs/root-cert.pem", "127.0.0.1:15053"
+			c.WorkloadIdentitySocketFile = "agentd.sock"
+			c.StsPort, c.DNSProxyAddr = 15463, "127.0.0.1:15053"
 		}},
 	// Metrics and access log services (keepalive, metrics sink), compression off by the
 	// ProxyConfig, the limit from proxyMetadata, the outlier log.
@@ -145,6 +147,10 @@ var goldenCases = []goldenCase{
 		ips: []string{"10.244.1.17", "10.244.1.18"}, delta: true},
 	// Dual stack, IPv4 first and IPv6 first: both wildcards, ALL lookups for the DNS clusters.
 	{name: "dualstack4", typ: Router, env: routerEnv, mesh: routerMesh, ips: []string{"10.244.2.5", "fd00::5"}, delta: true, dualStack: true},
+	// TLS to the tracer (the workload's certificate), the metrics service (a CA file, SANs)
+	// and the access log service (a client certificate from files), a $(HOST_IP) tracer.
+	{name: "tls", typ: Sidecar, env: append(slices.Clone(sidecarEnv), "HOST_IP=10.0.0.7"), ips: []string{"10.244.1.17"}, delta: true,
+		proxyEnv: tlsProxyConfig},
 	{name: "dualstack6", typ: Sidecar, env: vmEnv, proxyEnv: datadogProxyConfig, ips: []string{"fd00:10::5", "10.0.0.5"}, dualStack: true},
 }
 
@@ -160,6 +166,28 @@ runtimeValues:
   overload.global_downstream_max_connections: "100"
   envoy.reloadable_features.http_reject_path_with_fragment: ""
   envoy.custom: "42"
+`
+
+const tlsProxyConfig = `
+tracing:
+  zipkin:
+    address: $(HOST_IP):9411
+  tlsSettings:
+    mode: ISTIO_MUTUAL
+envoyMetricsService:
+  address: metrics.monitoring:9000
+  tlsSettings:
+    mode: SIMPLE
+    caCertificates: /etc/metrics/ca.pem
+    subjectAltNames: [metrics.monitoring.svc]
+    sni: metrics.example
+envoyAccessLogService:
+  address: als.monitoring:9001
+  tlsSettings:
+    mode: MUTUAL
+    clientCertificate: /etc/als/cert.pem
+    privateKey: /etc/als/key.pem
+    caCertificates: /etc/als/ca.pem
 `
 
 const remoteProxyConfig = `
@@ -271,12 +299,12 @@ func TestBootstrapGolden(t *testing.T) {
 	}
 }
 
-// writeBootstrap is what WriteBootstrap writes for c.
+// writeBootstrap is what Write writes for c.
 func writeBootstrap(t *testing.T, c *Config) []byte {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), BootstrapFile)
-	if err := WriteBootstrap(c, path); err != nil {
-		t.Fatalf("WriteBootstrap: %v", err)
+	path := filepath.Join(t.TempDir(), File)
+	if err := Write(c, path); err != nil {
+		t.Fatalf("Write: %v", err)
 	}
 	got, err := os.ReadFile(path)
 	if err != nil {
@@ -289,7 +317,7 @@ func writeBootstrap(t *testing.T, c *Config) []byte {
 // passing full validation.
 func parseBootstrap(t testing.TB, c *Config) *bootstrapv3.Bootstrap {
 	t.Helper()
-	data, err := Bootstrap(c)
+	data, err := Build(c)
 	if err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
@@ -337,7 +365,7 @@ func TestBootstrapContents(t *testing.T) {
 	if _, ok := labels["pod-template-hash"]; ok {
 		t.Error("LABELS has pod-template-hash")
 	}
-	if got := labels["topology.istio.io/locality"].GetStringValue(); got != "us-east1/us-east1-b" {
+	if got := labels["istio-locality"].GetStringValue(); got != "us-east1/us-east1-b" { // Istio writes it there
 		t.Errorf("locality label = %q", got)
 	}
 	if l := b.GetNode().GetLocality(); l.GetRegion() != "us-east1" || l.GetZone() != "us-east1-b" {
@@ -404,22 +432,17 @@ func TestBrokenInputFails(t *testing.T) {
 		modify func(*Config)
 		want   string
 	}{
-		{"bad ISTIO_METAJSON", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_ANNOTATIONS={"a":`) }, "ISTIO_METAJSON_ANNOTATIONS is not a JSON object"},
-		{"ISTIO_METAJSON not an object", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_X=[1]`) }, "ISTIO_METAJSON_X is not a JSON object"},
 		{"missing pod name", func(c *Config) { c.PodName = "" }, "POD_NAME is not set"},
 		{"missing namespace", func(c *Config) { c.PodNamespace = "" }, "POD_NAMESPACE is not set"},
 		{"bad ip", func(c *Config) { c.IPs = []string{"10.0.0.300"} }, `proxy IP "10.0.0.300"`},
 		{"unsupported type", func(c *Config) { c.Type = "waypoint" }, "not supported by agentd"},
 		{"admin port out of range", func(c *Config) { c.ProxyConfig.ProxyAdminPort = 70000 }, "proxyAdminPort 70000"},
-		{"bad histogram annotation", func(c *Config) { c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = "{" }, "statsHistogramBuckets"},
-		{"eviction not a multiple of flush", func(c *Config) {
-			c.Annotations["sidecar.istio.io/statsFlushInterval"] = "3s"
-			c.Annotations["sidecar.istio.io/statsEvictionInterval"] = "10s"
-		}, "multiple of the stats flush interval"},
-		{"bad connection limit", func(c *Config) {
-			c.ProxyConfig.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "many"}
+		{"metadata that Istio cannot read", func(c *Config) { c.Env = append(c.Env, "ISTIO_META_DNS_CAPTURE=yes") }, "DNS_CAPTURE=yes: not a boolean"},
+		{"pod ports that are not a list", func(c *Config) { c.Env = append(c.Env, "ISTIO_META_POD_PORTS=8080") }, "POD_PORTS=8080"},
+		{"socket file that is a path", func(c *Config) { c.WorkloadIdentitySocketFile = "../x" }, "must be a file name"},
+		{"zero connection limit", func(c *Config) {
+			c.ProxyConfig.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "0"}
 		}, "GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"},
-		{"metadata discovery without delta", func(c *Config) { c.MetadataDiscovery, c.DeltaXDS = true, false }, "METADATA_DISCOVERY needs delta"},
 		// What Envoy's validation rejects, checked by agentd before it writes the bootstrap.
 		{"status port out of range", func(c *Config) { c.EnvoyStatusPort = 70000 }, "ENVOY_STATUS_PORT 70000"},
 		{"negative prometheus port", func(c *Config) { c.EnvoyPrometheusPort = -1 }, "ENVOY_PROMETHEUS_PORT -1"},
@@ -441,19 +464,76 @@ func TestBrokenInputFails(t *testing.T) {
 		{"extra stat tag too long", func(c *Config) {
 			c.Annotations["sidecar.istio.io/extraStatTags"] = strings.Repeat("t", 1020)
 		}, "longer than Envoy's tag expressions allow"},
-		{"socket path not UTF-8", func(c *Config) { c.SDSSocket = "/run/\xff.sock" }, "not valid UTF-8"},
+		{"socket file not UTF-8", func(c *Config) { c.WorkloadIdentitySocketFile = "\xff.sock" }, "UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := goldenCases[0].config(t)
 			tt.modify(c)
-			path := filepath.Join(t.TempDir(), BootstrapFile)
-			err := WriteBootstrap(c, path)
+			path := filepath.Join(t.TempDir(), File)
+			err := Write(c, path)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("WriteBootstrap = %v, want an error with %q", err, tt.want)
+				t.Fatalf("Write = %v, want an error with %q", err, tt.want)
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
 				t.Errorf("a bootstrap was written despite the error")
+			}
+		})
+	}
+}
+
+// TestIstioWarnsAndGoesOn: input Istio's agent warns about and ignores is warned about and
+// ignored: the bootstrap is the one without it.
+func TestIstioWarnsAndGoesOn(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*Config)
+	}{
+		{"bad ISTIO_METAJSON", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_ANNOTATIONS={"a":`) }},
+		{"ISTIO_METAJSON not an object", func(c *Config) { c.Env = append(c.Env, `ISTIO_METAJSON_X=[1]`) }},
+		{"bad histogram annotation", func(c *Config) {
+			if c.Warn != nil { // the bad one; the bootstrap is the one without the annotation
+				c.Annotations["sidecar.istio.io/statsHistogramBuckets"] = "{"
+			} else {
+				delete(c.Annotations, "sidecar.istio.io/statsHistogramBuckets")
+			}
+		}},
+		{"bad flush interval", func(c *Config) { c.Annotations["sidecar.istio.io/statsFlushInterval"] = "soon" }},
+		{"eviction not a multiple of flush", func(c *Config) { c.Annotations["sidecar.istio.io/statsEvictionInterval"] = "7s" }},
+		{"metadata discovery without delta", func(c *Config) { c.MetadataDiscovery, c.DeltaXDS = true, false }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := goldenCases[0].config(t)
+			base.DeltaXDS = false
+			if tt.name == "bad histogram annotation" {
+				tt.modify(base)
+			}
+			want, err := Build(base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := goldenCases[0].config(t)
+			c.DeltaXDS = false
+			var warnings []string
+			c.Warn = func(msg string, _ ...any) { warnings = append(warnings, msg) }
+			tt.modify(c)
+			got, err := Build(c)
+			if err != nil {
+				t.Fatalf("Build = %v, want a warning and the bootstrap without the bad input", err)
+			}
+			if len(warnings) == 0 {
+				t.Error("no warning")
+			}
+			var g, w map[string]any
+			json.Unmarshal(got, &g)
+			json.Unmarshal(want, &w)
+			for _, doc := range []map[string]any{g, w} { // where the bad input is kept as given
+				delete(doc["node"].(map[string]any)["metadata"].(map[string]any), "ANNOTATIONS")
+				delete(doc["node"].(map[string]any)["metadata"].(map[string]any), "METADATA_DISCOVERY")
+			}
+			if diff := jsondiff.Diff("", g, w); len(diff) > 0 {
+				t.Errorf("bootstrap differs from the one without the bad input: %v", diff)
 			}
 		})
 	}

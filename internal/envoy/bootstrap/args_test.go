@@ -1,8 +1,9 @@
-package envoy
+package bootstrap
 
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func TestArgs(t *testing.T) {
 		want   []string
 	}{
 		{"injection template", []string{"10.0.0.1"}, func(c *Config, o *CommandOptions) {
-			o.LogLevel, o.ComponentLogLevel, o.SkipDeprecatedLogs = "warning", "misc:error", true
+			o.LogLevel, o.ComponentLogLevel, c.SkipDeprecatedLogs = "warning", "misc:error", true
 		}, append(append([]string{}, base...), "-l", "warning", "--component-log-level", "misc:error", "--skip-deprecated-logs")},
 		{"scoped levels win over the deprecated flag", []string{"10.0.0.1"}, func(c *Config, o *CommandOptions) {
 			o.LogLevel, o.ComponentLogLevel = "info,misc:error,upstream:debug,bad:x:y", "misc:warning"
@@ -45,7 +46,7 @@ func TestArgs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &Config{IPs: tt.ips, ProxyConfig: DefaultProxyConfig()}
-			o := CommandOptions{BootstrapPath: BootstrapFile}
+			o := CommandOptions{BootstrapPath: File}
 			tt.modify(c, &o)
 			got, err := Args(c, o)
 			if err != nil {
@@ -58,10 +59,16 @@ func TestArgs(t *testing.T) {
 	}
 }
 
+// TestArgsMissingOverride: an ISTIO_BOOTSTRAP_OVERRIDE that cannot be read is warned about
+// and left out, as Istio does.
 func TestArgsMissingOverride(t *testing.T) {
-	c := &Config{IPs: []string{"10.0.0.1"}, ProxyConfig: DefaultProxyConfig()}
-	_, err := Args(c, CommandOptions{BootstrapPath: BootstrapFile, BootstrapOverride: "/nonexistent/override.yaml"})
-	if err == nil || !strings.Contains(err.Error(), "ISTIO_BOOTSTRAP_OVERRIDE") {
-		t.Fatalf("Args = %v, want an ISTIO_BOOTSTRAP_OVERRIDE error", err)
+	var warned []string
+	c := &Config{IPs: []string{"10.0.0.1"}, ProxyConfig: DefaultProxyConfig(), Warn: func(m string, _ ...any) { warned = append(warned, m) }}
+	args, err := Args(c, CommandOptions{BootstrapPath: File, BootstrapOverride: "/nonexistent/override.yaml"})
+	if err != nil || slices.Contains(args, "--config-yaml") {
+		t.Fatalf("Args = %q, %v; want no --config-yaml and no error", args, err)
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "ISTIO_BOOTSTRAP_OVERRIDE") {
+		t.Errorf("warnings %q, want one about ISTIO_BOOTSTRAP_OVERRIDE", warned)
 	}
 }

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"testing"
@@ -41,7 +41,7 @@ func FuzzBootstrap(f *testing.F) {
 		if c.ProxyConfig, err = MergeProxyConfig(ProxyConfigSources{Env: proxyConfig, Annotations: annos}); err != nil {
 			return
 		}
-		data, err := Bootstrap(c)
+		data, err := Build(c)
 		if err != nil {
 			return
 		}
@@ -66,7 +66,7 @@ func BenchmarkBootstrap(b *testing.B) {
 	c := goldenCases[0].config(t)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Bootstrap(c); err != nil {
+		if _, err := Build(c); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -74,7 +74,7 @@ func BenchmarkBootstrap(b *testing.B) {
 
 func BenchmarkParseBootstrap(b *testing.B) {
 	t := &testing.T{}
-	data, err := Bootstrap(goldenCases[0].config(t))
+	data, err := Build(goldenCases[0].config(t))
 	if err != nil {
 		b.Fatal(err)
 	}

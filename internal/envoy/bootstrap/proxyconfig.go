@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"encoding/json"
