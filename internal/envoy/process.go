@@ -310,9 +310,14 @@ func (e *Process) Stop(ctx context.Context) error {
 		default:
 		}
 		e.log.Info("stopping Envoy", "step", s.name, "pid", e.Pid())
+		wait := s.wait()
 		if err := s.do(); err != nil {
+			// A failed step may still have worked (Envoy closing its admin API as it quits
+			// before it answers): a second to show it, then the next step.
 			e.log.Warn("stop step failed", "step", s.name, "error", err)
-		} else if e.waitExit(ctx, s.wait()) {
+			wait = min(wait, time.Second)
+		}
+		if e.waitExit(ctx, wait) {
 			return nil
 		}
 	}

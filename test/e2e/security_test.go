@@ -294,7 +294,8 @@ func TestHelperEnvironment(t *testing.T) {
 	common := []string{"AGENTD_LOG_LEVEL", "GOGC", "GOMEMLIMIT", "GODEBUG", "GOMAXPROCS", "GOTRACEBACK", "TZ",
 		"GRPC_GO_LOG_SEVERITY_LEVEL", "GRPC_GO_LOG_VERBOSITY_LEVEL", "GRPC_GO_LOG_FORMATTER"}
 	upstream := []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR"}
-	allowed := map[string][]string{"xds-proxy": upstream, "sds-server": upstream}
+	// xds-proxy reads Docker's keychain for Wasm images without a pull secret.
+	allowed := map[string][]string{"xds-proxy": append(slices.Clone(upstream), "DOCKER_CONFIG", "HOME"), "sds-server": upstream}
 	for _, ch := range st.Children {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", ch.Pid))
 		if err != nil {
