@@ -27,7 +27,7 @@ func proxyCommand() *cli.Command {
 			if v := os.Getenv("AGENTD_LOG_LEVEL"); v != "" {
 				level = hclog.LevelFromString(v)
 			}
-			log := hclog.New(&hclog.LoggerOptions{Name: "agentd", Level: level, JSONFormat: p.LogJSON, Output: os.Stderr})
+			log := hclog.New(&hclog.LoggerOptions{Name: "agentd", Level: level, JSONFormat: p.Flags.Proxy.LogAsJSON, Output: os.Stderr})
 			for _, f := range p.Seen {
 				log.Info("FLAG", "name", f[0], "value", f[1])
 			}

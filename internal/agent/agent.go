@@ -83,6 +83,9 @@ func New(s *settings.Settings, log hclog.Logger) (*Agent, error) {
 	for _, w := range cfg.warnings {
 		log.Warn(w)
 	}
+	if cfg.envoy != nil { // what Istio warns about in the bootstrap's input, at each render
+		cfg.envoy.Warn = log.Named("envoy").Warn
+	}
 	a := &Agent{s: s, cfg: cfg, log: log, bus: bus.New(), metrics: prometheus.NewRegistry(), stops: make(chan error, 2)}
 	a.startup = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "istio_agent_startup_duration_seconds", Help: "The time from the process starting to being marked ready.",
@@ -129,6 +132,7 @@ func buildConfigs(s *settings.Settings, uid int) (*configs, error) {
 	}
 	if !s.DisableEnvoy {
 		c.envoy = bootstrapConfig(s)
+		c.envoy.Warn = func(msg string, args ...any) { c.warnings = append(c.warnings, fmt.Sprint(append([]any{msg, " "}, args...)...)) }
 		var args []string
 		var bootstrapPath string
 		if args, bootstrapPath, err = envoyCommand(s, c.envoy); err != nil {

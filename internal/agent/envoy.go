@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,7 +58,22 @@ func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 		StsPort:                     s.Proxy.StsPort,
 		PilotSAN:                    []string{pilotSAN(pc.GetDiscoveryAddress())},
 		DNSProxyAddr:                s.Getenv("DNS_PROXY_ADDR"), // the variable only, as Istio
+		StatusPortProxyProtocol:     e.StatusPortProxyProtocol,
+		MetadataDiscovery:           metadataDiscovery(s),
+		LogAsJSON:                   s.Proxy.LogAsJSON,
+		CredentialSocket:            s.Files.CredentialSocket,
+		FileCredentials:             s.Files.LiveSDS,
 	}
+}
+
+// metadataDiscovery is the node's METADATA_DISCOVERY: PEER_METADATA_DISCOVERY when set, else
+// whether the proxy is on ambient's HBONE (ISTIO_META_ENABLE_HBONE), as Istio decides.
+func metadataDiscovery(s *settings.Settings) bool {
+	if d := s.Env.PeerMetadataDiscovery; d.Set {
+		return d.Value
+	}
+	hbone, _ := strconv.ParseBool(s.Getenv("ISTIO_META_ENABLE_HBONE"))
+	return hbone
 }
 
 // bootstrapTemplate is the template pilot-agent renders (proxyBootstrapTemplatePath, which
@@ -65,7 +81,7 @@ func bootstrapConfig(s *settings.Settings) *bootstrap.Config {
 // bootstrap then, which is what Istio's template renders. A named template that is missing
 // is an error, as it stops pilot-agent.
 func bootstrapTemplate(s *settings.Settings, pc *meshv1.ProxyConfig) (string, error) {
-	tmpl, named := bootstrap.TemplatePath("", pc.GetProxyBootstrapTemplatePath())
+	tmpl, named := bootstrap.TemplatePath(s.Env.BootstrapTemplate, pc.GetProxyBootstrapTemplatePath())
 	if _, err := os.Stat(s.Path(tmpl)); err != nil {
 		if named {
 			return "", fmt.Errorf("bootstrap template: %w", err)

@@ -13,7 +13,7 @@ import (
 // socket, the node Envoy would be (with GENERATOR grpc), and OUTPUT_CERTS as its
 // file_watcher certificates.
 func grpcBootstrapOptions(s *settings.Settings) (grpcbootstrap.Options, error) {
-	node, err := bootstrapConfig(s).Node()
+	node, err := bootstrapConfig(s).GRPCNode()
 	if err != nil {
 		return grpcbootstrap.Options{}, fmt.Errorf("gRPC bootstrap: %w", err)
 	}

@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -43,6 +46,7 @@ func views(t *testing.T, s *settings.Settings) map[string]string {
 		args, path, aerr := envoyCommand(s, cfg)
 		p := envoyProcess(s, cfg, args, path)
 		p.Prepare, p.Cleanup = nil, nil // closures: not comparable
+		p.Env = nil                     // Envoy inherits every variable: not a sign that one reaches it
 		out["envoy"] = fmt.Sprint(string(boot), err, args, aerr, p)
 	}
 	st, err := statusConfig(s)
@@ -51,8 +55,9 @@ func views(t *testing.T, s *settings.Settings) map[string]string {
 		children = append(children, "envoy")
 	}
 	grpc, gerr := grpcBootstrapOptions(s)
+	gjs, _ := json.Marshal(grpc)
 	out["agentd"] = fmt.Sprint(s.StatusPort, st.App, st.EnvoyMetricsURL, st.MetricsLocalhostOnly, st.DisableProfiling,
-		children, grpcBootstrapPath(s), grpc, gerr, s.Env.ExitOnEnvoyExit)
+		children, grpcBootstrapPath(s), string(gjs), gerr, s.Env.ExitOnEnvoyExit)
 	return out
 }
 
@@ -60,7 +65,8 @@ func views(t *testing.T, s *settings.Settings) map[string]string {
 type example struct {
 	set     string
 	context []string
-	live    bool // a live SDS server on WORKLOAD_IDENTITY_SOCKET_FILE's socket
+	live    bool   // a live SDS server on WORKLOAD_IDENTITY_SOCKET_FILE's socket
+	file    string // written to set, where {root} is the root
 }
 
 // examples are the values TestEveryVariableReachesItsProcesses sets, by variable; a variable
@@ -73,8 +79,8 @@ var examples = map[string][]example{
 	"ENVOY_STATUS_PORT":                          {{set: "15031"}},
 	"ENVOY_PROMETHEUS_PORT":                      {{set: "15091"}},
 	"ENVOY_SKIP_DEPRECATED_LOGS":                 {{set: "false"}},
-	"ISTIO_BOOTSTRAP_OVERRIDE":                   {{set: "/etc/istio/custom-bootstrap/custom.yaml"}},
-	"HOST_IP":                                    {{set: "10.9.9.9", context: []string{`ISTIO_META_TRACING_HOST=$(HOST_IP)`, "ISTIO_BOOTSTRAP_OVERRIDE=/o.yaml"}}},
+	"ISTIO_BOOTSTRAP_OVERRIDE":                   {{set: "{root}/override.yaml", file: "node: {cluster: other}"}},
+	"HOST_IP":                                    {{set: "10.9.9.9", context: []string{`PROXY_CONFIG={"tracing":{"zipkin":{"address":"$(HOST_IP):9411"}}}`}}},
 	"MINIMUM_DRAIN_DURATION":                     {{set: "7s", context: []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true"}}},
 	"AGENTD_MAX_DRAIN_DURATION":                  {{set: "40s", context: []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true"}}},
 	"WORKLOAD_IDENTITY_SOCKET_FILE":              {{set: "spire.sock", live: true}},
@@ -94,7 +100,7 @@ var examples = map[string][]example{
 	"SECRET_GRACE_PERIOD_RATIO_JITTER":           {{set: "0.2"}},
 	"WORKLOAD_RSA_KEY_SIZE":                      {{set: "4096"}},
 	"ECC_CURVE":                                  {{set: "P384"}},
-	"DNS_PROXY_ADDR":                             {{set: "127.0.0.1:0", context: dnsOn}},
+	"DNS_PROXY_ADDR":                             {{set: "127.0.0.1:25354", context: dnsOn}},
 	"DNS_FORWARD_TIMEOUT":                        {{set: "2s", context: dnsOn}},
 	"DNS_FORWARD_PARALLEL":                       {{set: "true", context: dnsOn}},
 	"POD_NAMESPACE":                              {{set: "ns9", context: dnsOn}},
@@ -105,7 +111,9 @@ var examples = map[string][]example{
 }
 
 var (
-	dnsOn   = []string{"ISTIO_META_DNS_CAPTURE=true", "DNS_PROXY_ADDR=127.0.0.1:0"}
+	// pod is every example's start: a pod Envoy can have a node id for.
+	pod     = []string{"POD_NAME=app-1", "POD_NAMESPACE=ns1"}
+	dnsOn   = []string{"ISTIO_META_DNS_CAPTURE=true", "DNS_PROXY_ADDR=127.0.0.1:25353"} // a fixed port: nothing binds it
 	probers = []string{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":{"httpGet":{"port":80}}}`}
 )
 
@@ -125,7 +133,17 @@ func TestEveryVariableReachesItsProcesses(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer os.RemoveAll(root)
-				base := views(t, resolve(t, settings.Flags{Root: root}, ex.context...))
+				context := append(slices.Clone(pod), ex.context...)
+				set := strings.ReplaceAll(ex.set, "{root}", root)
+				if ex.file != "" {
+					if err := os.WriteFile(set, []byte(ex.file), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				base := views(t, resolve(t, settings.Flags{Root: root}, context...))
+				if again := views(t, resolve(t, settings.Flags{Root: root}, context...)); !maps.Equal(base, again) {
+					t.Fatalf("the views of one configuration differ between two runs: the check could not fail")
+				}
 				if ex.live {
 					path := filepath.Join(root, settings.SDSSocketDir, ex.set)
 					os.MkdirAll(filepath.Dir(path), 0o755)
@@ -135,7 +153,7 @@ func TestEveryVariableReachesItsProcesses(t *testing.T) {
 					}
 					defer l.Close()
 				}
-				got := views(t, resolve(t, settings.Flags{Root: root}, append(slices.Clone(ex.context), row.Name+"="+ex.set)...))
+				got := views(t, resolve(t, settings.Flags{Root: root}, append(context, row.Name+"="+set)...))
 				for p := range got {
 					if got[p] != base[p] {
 						changed[p] = true
@@ -159,7 +177,7 @@ func TestEveryVariableReachesItsProcesses(t *testing.T) {
 // exampleOf is a valid value of row's type that is not its default.
 func exampleOf(row settings.Row) string {
 	switch row.Type {
-	case reflect.TypeFor[bool]():
+	case reflect.TypeFor[bool](), reflect.TypeFor[settings.OptionalBool]():
 		if row.Default == "true" {
 			return "false"
 		}

@@ -33,9 +33,14 @@ type Env struct {
 	DisableEnvoy bool   `env:"DISABLE_ENVOY" to:"agentd" bad:"warn"`
 
 	// Envoy and its bootstrap.
-	DeltaXDS                    bool     `env:"ISTIO_DELTA_XDS" envDefault:"true" to:"envoy" bad:"warn"`
-	DualStack                   bool     `env:"ISTIO_DUAL_STACK" to:"envoy" bad:"warn"`
-	EnvoyStatusPort             Port     `env:"ENVOY_STATUS_PORT" envDefault:"15021" to:"envoy" bad:"warn"`
+	DeltaXDS                bool `env:"ISTIO_DELTA_XDS" envDefault:"true" to:"envoy" bad:"warn"`
+	DualStack               bool `env:"ISTIO_DUAL_STACK" to:"envoy" bad:"warn"`
+	EnvoyStatusPort         Port `env:"ENVOY_STATUS_PORT" envDefault:"15021" to:"envoy" bad:"warn"`
+	StatusPortProxyProtocol bool `env:"ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL" to:"envoy" bad:"warn"`
+	// PeerMetadataDiscovery is the node's METADATA_DISCOVERY; unset, ISTIO_META_ENABLE_HBONE's.
+	PeerMetadataDiscovery OptionalBool `env:"PEER_METADATA_DISCOVERY" to:"envoy" bad:"warn"`
+	// BootstrapTemplate is Istio's older name of the bootstrap template's path.
+	BootstrapTemplate           string   `env:"ISTIO_BOOTSTRAP" to:"envoy" bad:"warn"`
 	EnvoyPrometheusPort         Port     `env:"ENVOY_PROMETHEUS_PORT" envDefault:"15090" to:"envoy,agentd" bad:"warn"`
 	SkipDeprecatedLogs          bool     `env:"ENVOY_SKIP_DEPRECATED_LOGS" envDefault:"true" to:"envoy" bad:"warn"`
 	EnableCoreDump              bool     `env:"ISTIO_ENVOY_ENABLE_CORE_DUMP" to:"envoy" bad:"warn"`
@@ -46,7 +51,7 @@ type Env struct {
 	// agentd's own: the bound of the wait for zero connections (Istio has none), and Istio's
 	// exit when Envoy exits instead of restarting it.
 	MaxDrainDuration Duration `env:"AGENTD_MAX_DRAIN_DURATION" envDefault:"25s" to:"envoy" bad:"warn"`
-	ExitOnEnvoyExit  bool     `env:"AGENTD_EXIT_ON_ENVOY_EXIT" to:"envoy" bad:"warn"`
+	ExitOnEnvoyExit  bool     `env:"AGENTD_EXIT_ON_ENVOY_EXIT" to:"agentd" bad:"warn"`
 
 	// The status server.
 	PrometheusAnnotations string `env:"ISTIO_PROMETHEUS_ANNOTATIONS" to:"agentd" bad:"warn"`
@@ -55,7 +60,7 @@ type Env struct {
 
 	// The control plane (xds-proxy) and the gRPC bootstrap of proxyless clients.
 	IstiodSAN          string `env:"ISTIOD_SAN" to:"xds-proxy,sds-server" bad:"warn"`
-	XDSRootCA          string `env:"XDS_ROOT_CA" to:"xds-proxy,envoy" bad:"warn"`
+	XDSRootCA          string `env:"XDS_ROOT_CA" to:"xds-proxy" bad:"warn"`
 	ProvCert           string `env:"PROV_CERT" to:"xds-proxy,sds-server" bad:"warn"`
 	PilotCertProvider  string `env:"PILOT_CERT_PROVIDER" envDefault:"istiod" to:"xds-proxy,sds-server" bad:"warn"`
 	ProxyConfigXDS     bool   `env:"PROXY_CONFIG_XDS_AGENT" to:"xds-proxy" bad:"warn"`
@@ -168,3 +173,15 @@ func (d *Duration) UnmarshalText(b []byte) error {
 
 // D is the duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// OptionalBool is a boolean that may be unset (Istio's "was set" variables).
+type OptionalBool struct{ Set, Value bool }
+
+func (o *OptionalBool) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseBool(string(b))
+	if err != nil {
+		return fmt.Errorf("%q: want true or false", b)
+	}
+	*o = OptionalBool{Set: true, Value: v}
+	return nil
+}

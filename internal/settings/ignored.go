@@ -17,10 +17,7 @@ var Ignored = map[string]string{
 	"ENVOY_SECURE_METRICS_PORT":        "secure metrics merging (Envoy's own TLS metrics port) is not built",
 	"ENVOY_SECURE_MERGED_METRICS_PORT": "as ENVOY_SECURE_METRICS_PORT",
 	"HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED": "read by Istio's bootstrap template through its runtime defaults only; Envoy's default applies",
-	"ISTIO_BOOTSTRAP":                         "a bootstrap template path of Istio's older agents; --templateFile and proxyBootstrapTemplatePath name the template",
-	"ISTIO_META_ENABLE_SELF_DISCOVERY":        "node metadata only (ISTIO_META_ prefix); the self-discovery listener is not built",
-	"PEER_METADATA_DISCOVERY":                 "Istio's ambient peer metadata discovery, not for sidecars",
-	"ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL": "the bootstrap's proxy protocol on 15021 is not built yet",
+	"ISTIO_META_ENABLE_SELF_DISCOVERY":                 "node metadata only (ISTIO_META_ prefix); the self-discovery listener is not built",
 
 	"--tokenManagerPlugin":     "only Istio's default token manager (GoogleTokenExchange for --stsPort) is named in the node metadata; no STS server runs",
 	"--log_caller":             "agentd's log lines have their own format (hclog); the level and JSON flags apply",

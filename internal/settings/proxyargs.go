@@ -12,7 +12,6 @@ import (
 type ProxyCommand struct {
 	Flags    Flags
 	LogLevel hclog.Level // --log_output_level's default scope (Istio: info)
-	LogJSON  bool        // --log_as_json
 	Seen     [][2]string // the flags given, in order
 	Unknown  []string    // flags pilot-agent does not have either: ignored, as pilot-agent does
 }
@@ -96,8 +95,9 @@ func ParseProxyCommand(args []string) (*ProxyCommand, error) {
 		OutlierLogPath:    strs["outlierLogPath"],
 		StsPort:           ints["stsPort"],
 		DisableProfiling:  !bools["profiling"],
+		LogAsJSON:         bools["log_as_json"],
 	}
-	p.LogLevel, p.LogJSON = logLevel(strs["log_output_level"]), bools["log_as_json"]
+	p.LogLevel = logLevel(strs["log_output_level"])
 	return p, nil
 }
 

@@ -19,7 +19,7 @@ func TestParseProxyCommand(t *testing.T) {
 		{"injection template", "sidecar --domain $(POD_NAMESPACE).svc.cluster.local --proxyLogLevel=warning --proxyComponentLogLevel=misc:error --log_output_level=default:info",
 			"sidecar", ProxyFlags{Type: "sidecar", Domain: "$(POD_NAMESPACE).svc.cluster.local", LogLevel: "warning", ComponentLogLevel: "misc:error"}, 0, hclog.Info},
 		{"gateway with concurrency and json logs", "router --domain ns.svc.cluster.local --proxyLogLevel=warning --log_output_level=default:warning --log_as_json --concurrency 2",
-			"router", ProxyFlags{Type: "router", Domain: "ns.svc.cluster.local", LogLevel: "warning", Concurrency: 2}, 0, hclog.Warn},
+			"router", ProxyFlags{Type: "router", Domain: "ns.svc.cluster.local", LogLevel: "warning", Concurrency: 2, LogAsJSON: true}, 0, hclog.Warn},
 		{"VM install (istio-start.sh)", "--serviceCluster=rawvm --stsPort 15463",
 			"", ProxyFlags{ServiceCluster: "rawvm", StsPort: 15463}, 0, hclog.Info},
 		{"profiling off", "sidecar --profiling=false", "sidecar", ProxyFlags{Type: "sidecar", DisableProfiling: true}, 0, hclog.Info},

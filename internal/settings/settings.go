@@ -62,6 +62,7 @@ type ProxyFlags struct {
 	OutlierLogPath    string // --outlierLogPath
 	StsPort           int    // --stsPort (node metadata only)
 	DisableProfiling  bool   // --profiling=false: no /debug/pprof on the status port
+	LogAsJSON         bool   // --log_as_json: agentd's lines and Envoy's application log in JSON
 }
 
 // Settings is everything agentd and its children run with, resolved once.
@@ -104,6 +105,9 @@ type Files struct {
 	WorkloadCerts bool
 	// LiveSDS: a live SDS server (SPIRE) answers on the workload SDS socket.
 	LiveSDS bool
+	// CredentialSocket: a live SDS server answers on Istio's credential socket
+	// (var/run/secrets/credential-uds/socket): Envoy's node says so.
+	CredentialSocket bool
 	// VM lists Istio's VM files read (cluster.env, sidecar.env), if any.
 	VM []string
 	// MeshConfig is the mesh config file's content.
@@ -154,6 +158,7 @@ func Resolve(f Flags, environ []string, log hclog.Logger) (*Settings, error) {
 	s.Files.LegacyRootCert = fileExists(s.Path("etc/certs/root-cert.pem"))
 	s.Files.WorkloadCerts = nonEmptyFiles(s.Path(WorkloadCertDir), "cert-chain.pem", "key.pem", "root-cert.pem")
 	s.Files.LiveSDS = liveSocket(s.Path(s.SDSSocket()))
+	s.Files.CredentialSocket = liveSocket(s.Path(CredentialSocket))
 	return s, nil
 }
 
@@ -255,13 +260,14 @@ func (s *Settings) DNSOn() bool { return s.Env.DNSCapture || s.Env.DNSServer }
 
 // Istio's certificate and socket paths, relative to the root.
 const (
-	SDSSocketDir    = "var/run/secrets/workload-spiffe-uds"
-	SDSFilesSocket  = "var/run/secrets/credential-uds/files-socket"
-	WorkloadCertDir = "var/run/secrets/workload-spiffe-credentials"
-	LegacyCertDir   = "etc/certs"
-	IstiodRootCert  = "var/run/secrets/istio/root-cert.pem"
-	TokenFile       = "var/run/secrets/tokens/istio-token"
-	XDSSocket       = "etc/istio/proxy/XDS"
+	SDSSocketDir     = "var/run/secrets/workload-spiffe-uds"
+	SDSFilesSocket   = "var/run/secrets/credential-uds/files-socket"
+	CredentialSocket = "var/run/secrets/credential-uds/socket"
+	WorkloadCertDir  = "var/run/secrets/workload-spiffe-credentials"
+	LegacyCertDir    = "etc/certs"
+	IstiodRootCert   = "var/run/secrets/istio/root-cert.pem"
+	TokenFile        = "var/run/secrets/tokens/istio-token"
+	XDSSocket        = "etc/istio/proxy/XDS"
 )
 
 // SDSSocket is the workload SDS socket's path under the root.
