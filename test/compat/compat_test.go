@@ -269,16 +269,6 @@ var intended = map[string]string{
 	"bootstrap .static_resources.clusters[5].upstream_connection_options.tcp_keepalive": "keepalive values as protobuf JSON numbers, not Istio's wrapper objects",
 }
 
-// pending are differences that are not intended, whose fix waits for wiring outside the
-// bootstrap package (the settings table and the gRPC bootstrap are agentd's resolve step):
-// reported by the test (-v), not failed. The bootstrap package has what they need.
-var pending = map[string]string{
-	"grpc .node.metadata": "the gRPC bootstrap keeps only Istio's typed metadata keys (bootstrap.Config.GRPCNode); " +
-		"internal/agent's grpcBootstrapOptions still takes Node()",
-	"bootstrap .static_resources.listeners[1].listener_filters": "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL is not in the settings table yet " +
-		"(bootstrap.Config.StatusPortProxyProtocol)",
-}
-
 // matches says whether the difference d of the document doc falls under one of the paths.
 func matches(paths map[string]string, doc, d string) (string, bool) {
 	full := doc + " " + d
@@ -321,11 +311,6 @@ func TestPilotAgentOutputs(t *testing.T) {
 				check := func(doc, file string, got map[string]any) {
 					for _, d := range jsondiff.Diff("", got, expected(t, caseDir, file)) {
 						if _, ok := matches(intended, doc, d); ok {
-							continue
-						}
-						// Pending in the gRPC bootstrap: keys it has too many, never missing ones.
-						if why, ok := matches(pending, doc, d); ok && (doc != "grpc" || strings.Contains(d, ": unexpected ")) {
-							t.Logf("%s (pending: %s): %s", file, why, d)
 							continue
 						}
 						t.Errorf("%s: %s", file, d)
