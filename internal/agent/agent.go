@@ -28,6 +28,7 @@ import (
 	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/proc"
 	"github.com/agentd/agentd/internal/settings"
+	"github.com/agentd/agentd/internal/status"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
@@ -132,7 +133,9 @@ func buildConfigs(s *settings.Settings, uid int) (*configs, error) {
 	}
 	if !s.DisableEnvoy {
 		c.envoy = bootstrapConfig(s)
-		c.envoy.Warn = func(msg string, args ...any) { c.warnings = append(c.warnings, fmt.Sprint(append([]any{msg, " "}, args...)...)) }
+		c.envoy.Warn = func(msg string, args ...any) {
+			c.warnings = append(c.warnings, fmt.Sprint(append([]any{msg, " "}, args...)...))
+		}
 		var args []string
 		var bootstrapPath string
 		if args, bootstrapPath, err = envoyCommand(s, c.envoy); err != nil {
@@ -161,9 +164,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.writeGRPCBootstrap(); err != nil {
 		return err
 	}
-	status, err := a.newStatus()
-	if err != nil {
-		return err
+	var statusSrv *status.Server
+	if a.s.StatusPort != 0 {
+		var err error
+		if statusSrv, err = a.newStatus(); err != nil {
+			return err
+		}
+	} else {
+		a.log.Warn("status port 0: no status server (readiness, app probes, merged metrics), as Istio's agent")
 	}
 	a.log.Info("starting", "root", a.s.Root, "helpers", a.s.HelpersDir, "children", len(a.children))
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -174,7 +182,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	var g errgroup.Group
 	tasks := []func() error{
 		func() error { defer close(supervised); defer stopStatus(); return a.sup.Run(ctx) },
-		func() error { return a.runStatus(statusCtx, ctx, status) },
+		func() error { return a.runStatus(statusCtx, ctx, statusSrv) },
 		func() error { return control.Serve(ctx, ControlSocket(a.s.Root), a) },
 		func() error { return proc.Reap(ctx) },
 		func() error { return a.notify(ctx) },
@@ -183,7 +191,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, t := range tasks {
 		g.Go(t)
 	}
-	err = g.Wait()
+	err := g.Wait()
 	if cause := context.Cause(ctx); errors.Is(cause, errStatusFailed) {
 		err = errors.Join(err, cause)
 	}

@@ -89,6 +89,9 @@ func (a *Agent) newStatus() (*status.Server, error) {
 // status server that fails on its own stops agentd gracefully, as Istio's agent, which
 // SIGTERMs itself.
 func (a *Agent) runStatus(ctx, run context.Context, srv *status.Server) error {
+	if srv == nil { // status port 0
+		return nil
+	}
 	stopped := context.AfterFunc(run, func() { srv.Terminate(context.Cause(run)) })
 	defer stopped()
 	err := srv.Run(ctx)

@@ -116,7 +116,6 @@ type Files struct {
 
 // Istio's defaults for the cross-cutting settings.
 const (
-	DefaultStatusPort     = 15020
 	DefaultMeshConfigFile = "./etc/istio/config/mesh"
 	DefaultResolvConf     = "/etc/resolv.conf"
 	DefaultProxyLogLevel  = "warning"
@@ -202,6 +201,7 @@ func (s *Settings) resolveProxy(log hclog.Logger) error {
 	if s.ProxyConfig, err = bootstrap.MergeProxyConfig(bootstrap.ProxyConfigSources{
 		MeshConfig: s.Files.MeshConfig, Env: s.Env.ProxyConfig, Annotations: s.Annotations,
 		ServiceCluster: s.Proxy.ServiceCluster, Concurrency: s.Proxy.Concurrency, CPULimit: int(s.Env.CPULimit),
+		Warn: log.Warn,
 	}); err != nil {
 		return err
 	}
@@ -215,7 +215,9 @@ func (s *Settings) resolveProxy(log hclog.Logger) error {
 // merged ProxyConfig and the table.
 func (s *Settings) resolveCrossCutting() {
 	pc := s.ProxyConfig
-	s.StatusPort = cmp.Or(s.Flags.StatusPort, int(pc.GetStatusPort()), DefaultStatusPort)
+	// The merged ProxyConfig's statusPort is 15020 unless set; 0 (a status.sidecar.istio.io/port
+	// that does not parse) is no status server, as in Istio.
+	s.StatusPort = cmp.Or(s.Flags.StatusPort, int(pc.GetStatusPort()))
 	pc.StatusPort = int32(s.StatusPort) // Envoy's bootstrap and the prober see the port agentd listens on
 	s.DiscoveryAddress = cmp.Or(s.Flags.DiscoveryAddress, pc.GetDiscoveryAddress())
 	s.Domain = cmp.Or(s.Proxy.Domain, s.Env.PodNamespace+".svc.cluster.local")

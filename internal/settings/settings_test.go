@@ -3,6 +3,7 @@ package settings
 import (
 	"bufio"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -108,5 +109,24 @@ func TestResolveBadValues(t *testing.T) {
 		if !tt.check(s) {
 			t.Errorf("Resolve(%s) = %+v, want Istio's default", tt.env, s.Env)
 		}
+	}
+}
+
+// TestStatusPortAnnotationThatDoesNotParse: status.sidecar.istio.io/port: abc starts agentd
+// without a status server (port 0), as Istio's agent, instead of stopping it.
+func TestStatusPortAnnotationThatDoesNotParse(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc/istio/pod"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/istio/pod/annotations"), []byte(`status.sidecar.istio.io/port="abc"`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Resolve(Flags{Root: root, HelpersDir: root}, nil, nil)
+	if err != nil {
+		t.Fatalf("Resolve: %v, want a warning only", err)
+	}
+	if s.StatusPort != 0 {
+		t.Errorf("status port = %d, want 0 (no status server)", s.StatusPort)
 	}
 }

@@ -1,9 +1,11 @@
 package bootstrap
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -51,6 +53,8 @@ type ProxyConfigSources struct {
 	Concurrency int
 	// CPULimit is ISTIO_CPU_LIMIT; it fills an unset concurrency.
 	CPULimit int
+	// Warn, when set, receives what Istio logs and goes on from.
+	Warn func(msg string, args ...any)
 }
 
 // MergeProxyConfig builds the effective ProxyConfig as pilot-agent does: defaults, the mesh
@@ -92,18 +96,20 @@ func MergeProxyConfig(src ProxyConfigSources) (*meshv1.ProxyConfig, error) {
 		}
 		pc.ClusterName = &meshv1.ProxyConfig_ServiceCluster{ServiceCluster: name}
 	}
+	if err := ValidateProxyConfig(pc); err != nil {
+		return nil, fmt.Errorf("invalid ProxyConfig: %w", err)
+	}
 	if v, ok := src.Annotations[annotation.SidecarDiscoveryAddress.Name]; ok {
 		pc.DiscoveryAddress = v
 	}
 	if v, ok := src.Annotations[annotation.SidecarStatusPort.Name]; ok {
-		p, err := strconv.ParseUint(v, 10, 16)
-		if err != nil {
-			return nil, fmt.Errorf("annotation %s=%q: not a port", annotation.SidecarStatusPort.Name, v)
+		// As Istio's applyAnnotations, after the validation: a value that does not parse is
+		// logged and becomes 0, no status server.
+		p, err := strconv.Atoi(v)
+		if err != nil && src.Warn != nil {
+			src.Warn("invalid annotation: no status server, as Istio's agent", "annotation", annotation.SidecarStatusPort.Name, "value", v, "error", err)
 		}
 		pc.StatusPort = int32(p)
-	}
-	if err := ValidateProxyConfig(pc); err != nil {
-		return nil, fmt.Errorf("invalid ProxyConfig: %w", err)
 	}
 	return pc, nil
 }
@@ -147,44 +153,53 @@ func applyProxyConfig(pc *meshv1.ProxyConfig, doc string) error {
 	return nil
 }
 
-// overlayMessage copies into dst every field that the JSON object keys names, from src (its
-// decoding), zero values included: messages merge recursively (except well-known types,
-// which replace), maps merge by key, lists and scalars replace.
+// overlayMessage sets into dst every top-level field the JSON object keys names, from src
+// (its decoding), as Istio's MergeProxyConfig does (golang/protobuf's jsonpb onto the message):
+// a field given replaces the field whole — a nested message, a map, a list — and a field given
+// as null is left as it was. proxyMetadata is then merged key by key, and the parts of
+// proxyHeaders the overlay leaves unset are the earlier ones, as Istio corrects them.
 func overlayMessage(dst, src protoreflect.Message, keys map[string]json.RawMessage) {
+	pc := dst.Interface().(*meshv1.ProxyConfig)
+	origMetadata, origHeaders := pc.ProxyMetadata, pc.ProxyHeaders
 	fields := src.Descriptor().Fields()
 	for key, raw := range keys {
 		fd := fields.ByJSONName(key)
 		if fd == nil {
 			fd = fields.ByName(protoreflect.Name(key))
 		}
-		if fd == nil {
-			continue // unknown: tolerated
+		if fd == nil || string(raw) == "null" {
+			continue // unknown (tolerated), or null (left as it was)
 		}
-		if !src.Has(fd) {
-			dst.Clear(fd) // present with its zero value (or null)
-			if fd.ContainingOneof() != nil && string(raw) != "null" {
-				dst.Set(fd, src.Get(fd)) // a oneof member set to its zero value is still set
-			}
-			continue
-		}
-		v := src.Get(fd)
-		var nested map[string]json.RawMessage
 		switch {
-		case fd.IsMap():
-			m := dst.Mutable(fd).Map()
-			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				m.Set(k, mv)
-				return true
-			})
-		case fd.IsList():
-			dst.Set(fd, v)
-		case fd.Message() != nil && !strings.HasPrefix(string(fd.Message().FullName()), "google.protobuf.") &&
-			dst.Has(fd) && json.Unmarshal(raw, &nested) == nil:
-			overlayMessage(dst.Mutable(fd).Message(), v.Message(), nested)
+		case src.Has(fd):
+			dst.Set(fd, src.Get(fd))
+		case fd.ContainingOneof() != nil:
+			dst.Set(fd, src.Get(fd)) // a oneof member set to its zero value is still set
 		default:
-			dst.Set(fd, v)
+			dst.Clear(fd) // present with its zero value
 		}
 	}
+	pc.ProxyMetadata = mergeMetadata(origMetadata, pc.ProxyMetadata)
+	if ph := pc.ProxyHeaders; ph != nil && origHeaders != nil && ph != origHeaders {
+		ph.ForwardedClientCert = cmp.Or(ph.ForwardedClientCert, origHeaders.ForwardedClientCert)
+		ph.RequestId = cmp.Or(ph.RequestId, origHeaders.RequestId)
+		ph.AttemptCount = cmp.Or(ph.AttemptCount, origHeaders.AttemptCount)
+		ph.Server = cmp.Or(ph.Server, origHeaders.Server)
+		ph.EnvoyDebugHeaders = cmp.Or(ph.EnvoyDebugHeaders, origHeaders.EnvoyDebugHeaders)
+	}
+}
+
+// mergeMetadata is the earlier proxyMetadata with the overlay's keys set over it.
+func mergeMetadata(orig, overlay map[string]string) map[string]string {
+	if orig == nil && overlay == nil {
+		return nil
+	}
+	out := maps.Clone(orig)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, overlay)
+	return out
 }
 
 // ValidateProxyConfig checks the fields agentd relies on, as Istio's

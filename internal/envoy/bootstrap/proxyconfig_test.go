@@ -95,7 +95,6 @@ func TestMergeProxyConfigErrors(t *testing.T) {
 		{"wrong type in PROXY_CONFIG", ProxyConfigSources{Env: `{"proxyAdminPort": "x"}`}, "PROXY_CONFIG: parse ProxyConfig"},
 		{"bad mesh file", ProxyConfigSources{MeshConfig: "defaultConfig: {drainDuration: forever}"}, "mesh config file"},
 		{"bad annotation", ProxyConfigSources{Annotations: map[string]string{"proxy.istio.io/config": "{"}}, "annotation proxy.istio.io/config"},
-		{"bad status port annotation", ProxyConfigSources{Annotations: map[string]string{"status.sidecar.istio.io/port": "http"}}, "not a port"},
 		{"bad discovery address", ProxyConfigSources{Env: "discoveryAddress: istiod"}, "discoveryAddress"},
 		{"admin port clash", ProxyConfigSources{Env: "proxyAdminPort: 15020"}, "both 15020"},
 		{"negative drain", ProxyConfigSources{Env: "terminationDrainDuration: -5s"}, "terminationDrainDuration"},
@@ -158,5 +157,72 @@ func TestMergeProxyConfigZeroValues(t *testing.T) {
 	}
 	if pc.StatNameLength != 0 || pc.ProxyMetadata["A"] != "a" {
 		t.Errorf("statNameLength = %d, proxyMetadata = %v", pc.StatNameLength, pc.ProxyMetadata)
+	}
+}
+
+// TestMergeProxyConfigIstioRules: each source replaces the top-level fields it gives, whole (a
+// nested message, a map, a list); a field given as null is left as it was; only proxyMetadata
+// merges key by key, and proxyHeaders keeps the earlier parts the later source leaves unset;
+// a status port annotation that does not parse is warned about and becomes 0 (no status
+// server), as in Istio's pilot-agent.
+func TestMergeProxyConfigIstioRules(t *testing.T) {
+	tests := []struct {
+		name       string
+		src        ProxyConfigSources
+		check      func(pc *meshv1.ProxyConfig) bool
+		wantWarned bool
+	}{
+		{"a nested message is replaced", ProxyConfigSources{
+			MeshConfig:  "defaultConfig: {tracing: {zipkin: {address: z:9411}, sampling: 1}}",
+			Annotations: map[string]string{"proxy.istio.io/config": `{"tracing":{"sampling":50}}`},
+		}, func(pc *meshv1.ProxyConfig) bool {
+			return pc.GetTracing().GetSampling() == 50 && pc.GetTracing().GetZipkin() == nil
+		}, false},
+		{"a map other than proxyMetadata is replaced", ProxyConfigSources{
+			MeshConfig: "defaultConfig: {runtimeValues: {a: '1'}}", Env: `{"runtimeValues":{"b":"2"}}`,
+		}, func(pc *meshv1.ProxyConfig) bool {
+			return len(pc.GetRuntimeValues()) == 1 && pc.GetRuntimeValues()["b"] == "2"
+		}, false},
+		{"a sub-message's lists are not merged", ProxyConfigSources{
+			MeshConfig:  "defaultConfig: {proxyStatsMatcher: {inclusionPrefixes: [a]}}",
+			Annotations: map[string]string{"proxy.istio.io/config": `{"proxyStatsMatcher":{"inclusionRegexps":["b.*"]}}`},
+		}, func(pc *meshv1.ProxyConfig) bool {
+			m := pc.GetProxyStatsMatcher()
+			return len(m.GetInclusionPrefixes()) == 0 && len(m.GetInclusionRegexps()) == 1
+		}, false},
+		{"null leaves a field as it was", ProxyConfigSources{
+			Env: "concurrency: 2", Annotations: map[string]string{"proxy.istio.io/config": "concurrency: null"},
+		}, func(pc *meshv1.ProxyConfig) bool { return pc.GetConcurrency().GetValue() == 2 }, false},
+		{"proxyMetadata merges", ProxyConfigSources{
+			MeshConfig: "defaultConfig: {proxyMetadata: {A: '1', B: '1'}}", Env: `{"proxyMetadata":{"B":"2"}}`,
+		}, func(pc *meshv1.ProxyConfig) bool {
+			return pc.ProxyMetadata["A"] == "1" && pc.ProxyMetadata["B"] == "2"
+		}, false},
+		{"proxyHeaders keeps the earlier parts", ProxyConfigSources{
+			MeshConfig:  "defaultConfig: {proxyHeaders: {server: {disabled: true}}}",
+			Annotations: map[string]string{"proxy.istio.io/config": `{"proxyHeaders":{"requestId":{"disabled":true}}}`},
+		}, func(pc *meshv1.ProxyConfig) bool {
+			h := pc.GetProxyHeaders()
+			return h.GetServer().GetDisabled().GetValue() && h.GetRequestId().GetDisabled().GetValue()
+		}, false},
+		{"a bad status port annotation is no status server", ProxyConfigSources{
+			Annotations: map[string]string{"status.sidecar.istio.io/port": "abc"},
+		}, func(pc *meshv1.ProxyConfig) bool { return pc.GetStatusPort() == 0 }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			warned := false
+			tt.src.Warn = func(string, ...any) { warned = true }
+			pc, err := MergeProxyConfig(tt.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(pc) {
+				t.Errorf("MergeProxyConfig = %v, not Istio's", pc)
+			}
+			if warned != tt.wantWarned {
+				t.Errorf("warned: %v, want %v", warned, tt.wantWarned)
+			}
+		})
 	}
 }
