@@ -1,11 +1,12 @@
 // Package prober is the prober helper: it answers the rewritten kubelet app probes that
 // agentd's status server forwards to it, and runs Istio's WorkloadEntry health check.
 //
-// agentd opens a Unix socket named "probe" and hands it down; the prober serves plain HTTP
-// on it with the same paths as the status port (/app-health/<c>/livez, ...). agentd's status
-// server proxies those paths to the socket with the request's Host and headers, so the
-// prober sees what kubelet sent. Because the socket is agentd's, probes that arrive while the
-// prober restarts wait in the socket's backlog instead of failing.
+// agentd opens a Unix socket named "probe" and hands it down. agentd's status server reads
+// kubelet's request for an app probe path (/app-health/<c>/livez, ...) and hands the client
+// connection itself, with the request, over that socket (package connpass); the prober
+// answers kubelet on it directly and keeps serving it, handing it back to agentd if a later
+// request on it is for another path. Because the socket is agentd's, probes that arrive while
+// the prober restarts wait in the socket's queue instead of failing.
 package prober
 
 import (
@@ -16,7 +17,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +35,7 @@ type Prober struct {
 	health   *HealthCheck // nil without a readinessProbe
 	bus      *component.Bus
 	serving  atomic.Bool
-	server   *http.Server
+	server   *Server
 	metrics  *metrics
 }
 
@@ -92,7 +92,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 			return nil, err
 		}
 	}
-	p.server = &http.Server{Handler: p.probes, ReadHeaderTimeout: 10 * time.Second}
+	p.server = NewServer(l, p.probes, log)
 	return p, nil
 }
 
@@ -107,21 +107,13 @@ func healthHost(cfg *agentv1.ProberConfig) string {
 // Handler answers the app probe paths; agentd's status server forwards them here.
 func (p *Prober) Handler() http.Handler { return p.probes }
 
-// Run serves app probes on the "probe" socket and runs the health check until ctx ends.
+// Run serves the connections agentd hands over on the "probe" socket and runs the health
+// check until ctx ends.
 func (p *Prober) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		p.serving.Store(true)
-		if err := p.server.Serve(p.listener); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve app probes: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return p.server.Shutdown(sctx)
+		return p.server.Run(ctx)
 	})
 	if p.health != nil {
 		g.Go(func() error { return p.health.Run(ctx, p.log.Named("healthcheck"), p.publish) })
