@@ -2,6 +2,8 @@ package prober
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -505,5 +507,87 @@ func TestHandedConnection(t *testing.T) {
 				t.Errorf("answers %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestProbeAnswerGzip: an app probe's answer of 1 KiB or more goes gzipped to a client that
+// accepts gzip, as Istio's status port (gzhttp) sends it; smaller ones and other clients get it
+// plain.
+func TestProbeAnswerGzip(t *testing.T) {
+	app := startApp(t, false, func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		fmt.Fprint(w, strings.Repeat("x", n))
+	})
+	probe := func(n int) string {
+		return fmt.Sprintf(`{"httpGet":{"path":"/?n=%d","port":%d},"timeoutSeconds":1}`, n, app.port)
+	}
+	c, _ := startProber(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
+		"/app-health/big/readyz":   probe(20000), // passed back cut to 10 KiB
+		"/app-health/kib/readyz":   probe(1024),
+		"/app-health/small/readyz": probe(1023),
+	})})
+	tests := []struct {
+		path, accept string
+		wantGzip     bool
+		wantLen      int
+	}{
+		{"/app-health/big/readyz", "gzip", true, 10 << 10},
+		{"/app-health/big/readyz", "", false, 10 << 10},
+		{"/app-health/big/readyz", "gzip;q=0", false, 10 << 10},
+		{"/app-health/kib/readyz", "gzip, deflate", true, 1024},
+		{"/app-health/small/readyz", "gzip", false, 1023},
+	}
+	for _, tc := range tests {
+		req, err := http.NewRequest(http.MethodGet, "http://status"+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("User-Agent", "kube-probe/1.33")
+		if tc.accept != "" {
+			req.Header.Set("Accept-Encoding", tc.accept) // set by hand: the client does not decompress
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gz := resp.Header.Get("Content-Encoding") == "gzip"
+		if gz {
+			zr, err := gzip.NewReader(bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body, err = io.ReadAll(zr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if resp.StatusCode != 200 || gz != tc.wantGzip || len(body) != tc.wantLen {
+			t.Errorf("GET %s, Accept-Encoding %q: %d, gzipped %v, %d bytes; want 200, gzipped %v, %d bytes",
+				tc.path, tc.accept, resp.StatusCode, gz, len(body), tc.wantGzip, tc.wantLen)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "text/plain; charset=utf-8" {
+			t.Errorf("GET %s, Accept-Encoding %q: Content-Type %q, want text/plain; charset=utf-8", tc.path, tc.accept, ct)
+		}
+	}
+}
+
+// TestGRPCProbeClosedPort: a gRPC probe of a port nothing listens on fails after the probe's
+// timeoutSeconds, as Istio's blocking dial does, not at once.
+func TestGRPCProbeClosedPort(t *testing.T) {
+	c, _ := startProber(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
+		"/app-health/grpc-closed/readyz": fmt.Sprintf(`{"grpc":{"port":%d},"timeoutSeconds":1}`, freePort(t)),
+	})})
+	start := time.Now()
+	got := get(t, c, "/app-health/grpc-closed/readyz", nil, "")
+	elapsed := time.Since(start)
+	if got.code != 500 {
+		t.Errorf("status %d, want 500", got.code)
+	}
+	if elapsed < time.Second {
+		t.Errorf("answered after %v, before the probe's 1 s timeout", elapsed)
 	}
 }
