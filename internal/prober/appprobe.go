@@ -51,13 +51,15 @@ type AppProbeOptions struct {
 // AppProbes answers the rewritten kubelet probes (/app-health/<c>/livez, ...) by running the
 // original probe against the app with kubelet's semantics, as Istio's status server does.
 type AppProbes struct {
-	probes     map[string]*KubeProbe
-	clients    map[string]*http.Client // one per httpGet probe, as Istio
-	dest       string
-	source     *net.TCPAddr
-	statusPort int
-	log        hclog.Logger
-	observe    func(kind string, ok bool)
+	probes      map[string]*KubeProbe
+	clients     map[string]*http.Client // one per httpGet probe, as Istio
+	dest        string
+	source      *net.TCPAddr
+	statusPort  int
+	keepAlive   bool        // ENABLE_PROBE_KEEPALIVE_CONNECTIONS: pooled connections, net/http's way
+	plainDialer *net.Dialer // plain-HTTP probes without keep-alive (plainDo)
+	log         hclog.Logger
+	observe     func(kind string, ok bool)
 }
 
 // NewAppProbes builds the handler and one HTTP client per httpGet probe.
@@ -68,12 +70,14 @@ func NewAppProbes(o AppProbeOptions) *AppProbes {
 		dest:       o.PodIP,
 		source:     sourceIPv4,
 		statusPort: o.StatusPort,
+		keepAlive:  o.KeepAlive,
 		log:        o.Log,
 		observe:    o.Observe,
 	}
 	if ip := net.ParseIP(o.PodIP); o.IPv6 || (ip != nil && ip.To4() == nil && !ip.IsLinkLocalUnicast()) {
 		a.source = sourceIPv6
 	}
+	a.plainDialer = plainProbeDialer(a.source)
 	if o.LegacyLocalhost || a.dest == "" {
 		a.dest = "localhost"
 	}
@@ -210,7 +214,12 @@ func (a *AppProbes) probeHTTP(in *http.Request, path string, g *HTTPGetAction, c
 			req.Host = values[0]
 		}
 	}
-	resp, err := client.Do(req)
+	var resp *http.Response
+	if scheme == "http" && !a.keepAlive {
+		resp, err = a.plainDo(req, client)
+	} else {
+		resp, err = client.Do(req)
+	}
 	if err != nil {
 		a.log.Error("request to probe app failed", "path", path, "app_path", appPath, "error", err)
 		return http.StatusInternalServerError, nil
