@@ -72,22 +72,10 @@ stop_agentd() {
 	wait "$agentd_pid" 2>/dev/null || true
 }
 
-# memory TITLE: RSS and PSS of every process of agentd's tree, and the sums without Envoy.
-memory() {
+memory() { # TITLE
 	echo
 	echo "== $1 =="
-	local p
-	for p in $(tree "$agentd_pid"); do
-		[ -r "/proc/$p/smaps_rollup" ] || continue
-		echo "$(cat "/proc/$p/comm") $(awk '/^Threads:/{print $2}' "/proc/$p/status")" \
-			"$(awk '/^(Rss|Pss|Pss_Anon|Pss_File):/{printf "%s ", $2}' "/proc/$p/smaps_rollup")"
-	done | awk '
-		BEGIN { printf "%-14s %8s %8s %8s %8s %8s\n", "process", "RSS MB", "PSS MB", "anon MB", "file MB", "threads" }
-		{
-			printf "%-14s %8.1f %8.1f %8.1f %8.1f %8d\n", $1, $3/1024, $4/1024, $5/1024, $6/1024, $2
-			if ($1 !~ /^envoy/) { rss += $3; pss += $4 }
-		}
-		END { printf "%-14s %8.1f %8.1f   (agentd and its helpers; Envoy not counted)\n", "sum", rss/1024, pss/1024 }'
+	memory_table "$agentd_pid"
 }
 
 for layout in $LAYOUTS; do

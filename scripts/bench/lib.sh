@@ -130,6 +130,23 @@ agent_pids() {
 	return 0
 }
 
+# memory_table PID: RSS and PSS (anon and file) and threads of every process of PID's tree,
+# and the sums without Envoy.
+memory_table() {
+	local p
+	for p in $(tree "$1"); do
+		[ -r "/proc/$p/smaps_rollup" ] || continue
+		echo "$(cat "/proc/$p/comm") $(awk '/^Threads:/{print $2}' "/proc/$p/status")" \
+			"$(awk '/^(Rss|Pss|Pss_Anon|Pss_File):/{printf "%s ", $2}' "/proc/$p/smaps_rollup")"
+	done | awk '
+		BEGIN { printf "%-14s %8s %8s %8s %8s %8s\n", "process", "RSS MB", "PSS MB", "anon MB", "file MB", "threads" }
+		{
+			printf "%-14s %8.1f %8.1f %8.1f %8.1f %8d\n", $1, $3/1024, $4/1024, $5/1024, $6/1024, $2
+			if ($1 !~ /^envoy/) { rss += $3; pss += $4 }
+		}
+		END { printf "%-14s %8.1f %8.1f   (the agent'"'"'s processes; Envoy not counted)\n", "sum", rss/1024, pss/1024 }'
+}
+
 # pss_mb PIDS...: the sum of their PSS (/proc/PID/smaps_rollup), in MB.
 pss_mb() {
 	local p

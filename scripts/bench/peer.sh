@@ -113,6 +113,7 @@ run_agent() {
 	local idle procs
 	idle=$(pss_mb $(agent_pids "$pid"))
 	procs=$(agent_pids "$pid" | wc -l)
+	{ echo "$name round $round, idle:"; memory_table "$pid"; } >>"$work/detail"
 
 	# The name table arrived (NDS), and both probes answer.
 	wait_answer 15053 svc0.ns0.svc.cluster.local
@@ -141,6 +142,7 @@ run_agent() {
 	sleep 3
 	local loaded
 	loaded=$(pss_mb $(agent_pids "$pid"))
+	{ echo "$name round $round, after load:"; memory_table "$pid"; } >>"$work/detail"
 
 	curl -s -o /dev/null -X POST "$status/quitquitquit" || true
 	for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -154,11 +156,15 @@ run_agent() {
 }
 
 : >"$work/results"
+: >"$work/detail"
 for round in $(seq "$ROUNDS"); do
 	run_agent pilot-agent "$work/bin/istio-pilot-agent" "$round"
 	run_agent agentd "$work/bin/links/pilot-agent" "$round"
 done
 
+echo "memory of each process (smaps_rollup):"
+cat "$work/detail"
+echo
 python3 - "$work/results" "$NAMES" "$DNS_SECS" "$PROBE_SECS" "$(nproc)" <<'EOF'
 import sys
 path, names, dns_secs, probe_secs, cpus = sys.argv[1:]
