@@ -46,7 +46,7 @@ func Release() {
 	})
 }
 
-// releaseNow gives the heap's free memory back: two collections (see ReleaseMemory).
+// releaseNow gives the heap's free memory back: two collections (see Release).
 func releaseNow() {
 	runtime.GC() // moves what the pools hold to their victim caches
 	debug.FreeOSMemory()

@@ -24,6 +24,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/memory"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -69,7 +70,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 	p := &Prober{log: log, listener: l, bus: bus, metrics: m}
 	// A flood of probes (a benchmark, a misconfigured period) leaves the heap at the
 	// high-water mark of its garbage: given back a second after it ends.
-	burst := &component.Burst{Min: probeBurst}
+	burst := &memory.Burst{Min: probeBurst}
 	observe := func(kind string, ok bool) {
 		m.observeAppProbe(kind, ok)
 		burst.Done()
