@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,7 +42,50 @@ func Release() {
 		release.mu.Lock()
 		release.pending = false
 		release.mu.Unlock()
-		runtime.GC() // moves what the pools hold to their victim caches
-		debug.FreeOSMemory()
+		releaseNow()
 	})
 }
+
+// releaseNow gives the heap's free memory back: two collections (see Release).
+func releaseNow() {
+	runtime.GC() // moves what the pools hold to their victim caches
+	debug.FreeOSMemory()
+}
+
+// Burst gives the heap's free memory back once a burst of small units of work (app probes,
+// each a connection and a few KB of garbage) has ended: a second without work after at least
+// Min units since the last release. A steady trickle (kubelet's probe every few seconds)
+// never triggers it; a flood grows the heap to the high-water mark of its garbage, which the
+// runtime's scavenger would keep for minutes.
+type Burst struct {
+	// Min is how many units make a burst.
+	Min int64
+
+	count atomic.Int64
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+// Done counts one unit of work.
+func (b *Burst) Done() {
+	if b.count.Add(1) < b.Min {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.timer == nil {
+		b.timer = time.AfterFunc(burstIdle, b.end)
+		return
+	}
+	b.timer.Reset(burstIdle)
+}
+
+func (b *Burst) end() {
+	if b.count.Swap(0) < b.Min {
+		return
+	}
+	releaseNow()
+}
+
+// burstIdle is how long without work ends a burst.
+var burstIdle = time.Second

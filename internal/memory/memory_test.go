@@ -60,3 +60,66 @@ func TestRelease(t *testing.T) {
 		})
 	}
 }
+
+// TestBurst: a burst of work followed by a pause releases the heap's free memory; fewer units
+// than Min do not, nor does work that keeps coming.
+func TestBurst(t *testing.T) {
+	burstIdle = 50 * time.Millisecond
+	t.Cleanup(func() { burstIdle = time.Second })
+	held := func() uint64 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapSys - ms.HeapReleased
+	}
+	fill := func() { // 64 MB of garbage, as a flood of probes leaves
+		garbage := make([][]byte, 64<<10)
+		for i := range garbage {
+			garbage[i] = make([]byte, 1<<10)
+		}
+		runtime.KeepAlive(garbage)
+	}
+	tests := []struct {
+		name        string
+		units       int64
+		wantRelease bool
+	}{
+		{"below Min", 9, false},
+		{"a burst", 10, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			debug.FreeOSMemory()
+			base := held()
+			defer debug.SetGCPercent(debug.SetGCPercent(-1))
+			fill()
+			if held() < base+32<<20 {
+				t.Skipf("the heap holds only %d MB more after the fill: nothing to test", (held()-base)>>20)
+			}
+			b := &Burst{Min: 10}
+			for range tc.units {
+				b.Done()
+			}
+			// Work that keeps coming holds the release off.
+			for range 5 {
+				time.Sleep(burstIdle / 2)
+				if tc.wantRelease {
+					b.Done()
+				}
+				if held() < base+16<<20 {
+					t.Fatal("released while the burst went on")
+				}
+			}
+			time.Sleep(burstIdle + 200*time.Millisecond)
+			deadline := time.Now().Add(5 * time.Second)
+			for tc.wantRelease && held() >= base+16<<20 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the heap still holds %d MB more after the burst", (held()-base)>>20)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if !tc.wantRelease && held() < base+16<<20 {
+				t.Errorf("released after %d units, below Min", tc.units)
+			}
+		})
+	}
+}

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/agentd/agentd/internal/httpgz"
 )
 
 // maxProbeBody is how much of the app's answer a probe passes back (Istio: 10 KiB).
@@ -49,13 +51,15 @@ type AppProbeOptions struct {
 // AppProbes answers the rewritten kubelet probes (/app-health/<c>/livez, ...) by running the
 // original probe against the app with kubelet's semantics, as Istio's status server does.
 type AppProbes struct {
-	probes     map[string]*KubeProbe
-	clients    map[string]*http.Client // one per httpGet probe, as Istio
-	dest       string
-	source     *net.TCPAddr
-	statusPort int
-	log        hclog.Logger
-	observe    func(kind string, ok bool)
+	probes      map[string]*KubeProbe
+	clients     map[string]*http.Client // one per httpGet probe, as Istio
+	dest        string
+	source      *net.TCPAddr
+	statusPort  int
+	keepAlive   bool        // ENABLE_PROBE_KEEPALIVE_CONNECTIONS: pooled connections, net/http's way
+	plainDialer *net.Dialer // plain-HTTP probes without keep-alive (plainDo)
+	log         hclog.Logger
+	observe     func(kind string, ok bool)
 }
 
 // NewAppProbes builds the handler and one HTTP client per httpGet probe.
@@ -66,12 +70,14 @@ func NewAppProbes(o AppProbeOptions) *AppProbes {
 		dest:       o.PodIP,
 		source:     sourceIPv4,
 		statusPort: o.StatusPort,
+		keepAlive:  o.KeepAlive,
 		log:        o.Log,
 		observe:    o.Observe,
 	}
 	if ip := net.ParseIP(o.PodIP); o.IPv6 || (ip != nil && ip.To4() == nil && !ip.IsLinkLocalUnicast()) {
 		a.source = sourceIPv6
 	}
+	a.plainDialer = plainProbeDialer(a.source)
 	if o.LegacyLocalhost || a.dest == "" {
 		a.dest = "localhost"
 	}
@@ -148,7 +154,8 @@ func probeDialer(source *net.TCPAddr, timeout time.Duration) *net.Dialer {
 
 // ServeHTTP answers one probe path: the app's status (3xx becomes 200) and up to 10 KiB of its
 // body for httpGet, 200 or 500 for tcpSocket and grpc, 500 when the probe could not be run, and
-// 400 for a path with no probe.
+// 400 for a path with no probe. A body of 1 KiB or more goes gzipped to a client that accepts
+// it, as Istio's status port sends it.
 func (a *AppProbes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if !strings.HasPrefix(path, "/") {
@@ -178,8 +185,7 @@ func (a *AppProbes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = a.probeGRPC(r, p)
 	}
 	a.observe(kind, code < http.StatusBadRequest)
-	w.WriteHeader(code)
-	_, _ = w.Write(body)
+	httpgz.Write(w, r, code, body)
 }
 
 func (a *AppProbes) probeHTTP(in *http.Request, path string, g *HTTPGetAction, client *http.Client) (int, []byte) {
@@ -208,7 +214,12 @@ func (a *AppProbes) probeHTTP(in *http.Request, path string, g *HTTPGetAction, c
 			req.Host = values[0]
 		}
 	}
-	resp, err := client.Do(req)
+	var resp *http.Response
+	if scheme == "http" && !a.keepAlive {
+		resp, err = a.plainDo(req, client)
+	} else {
+		resp, err = client.Do(req)
+	}
 	if err != nil {
 		a.log.Error("request to probe app failed", "path", path, "app_path", appPath, "error", err)
 		return http.StatusInternalServerError, nil
@@ -252,7 +263,9 @@ func (a *AppProbes) probeGRPC(in *http.Request, p *KubeProbe) int {
 }
 
 // grpcHealthCheck runs grpc.health.v1.Health/Check and returns nil only for SERVING. A zero
-// timeout means none besides ctx's.
+// timeout means none besides ctx's. The call waits for the connection until the timeout, as
+// Istio's blocking dial does: an app that is not listening yet fails the probe after
+// timeoutSeconds, not at once.
 func grpcHealthCheck(ctx context.Context, addr, service, userAgent string, source *net.TCPAddr, timeout time.Duration) error {
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -274,7 +287,7 @@ func grpcHealthCheck(ctx context.Context, addr, service, userAgent string, sourc
 		return fmt.Errorf("grpc connection to %s: %w", addr, err)
 	}
 	defer conn.Close()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
 	switch grpcstatus.Code(err) {
 	case codes.OK:
 	case codes.Unimplemented:

@@ -1,6 +1,9 @@
 package prober
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +23,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/agentd/agentd/internal/status"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -82,8 +86,17 @@ func freePort(t *testing.T) int {
 	return port
 }
 
-// startProber runs a Prober on a temp Unix socket and returns a client that talks to it.
+// startProber runs a Prober on a temp Unix socket behind agentd's probe forwarder on a
+// loopback port, and returns a client that talks to that port, as kubelet to the status port.
 func startProber(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *prometheus.Registry) {
+	c, reg, _ := startProberAt(t, cfg)
+	return c, reg
+}
+
+// startProberAt is startProber that also returns the front's address. The front is the
+// status server's routing: app probe paths to the forwarder, others answered by the front
+// ("status server PATH").
+func startProberAt(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *prometheus.Registry, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "probe.sock")
 	l, err := net.Listen("unix", sock)
@@ -104,12 +117,19 @@ func startProber(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *promet
 			t.Errorf("Run: %v", err)
 		}
 	})
+	mux := http.NewServeMux()
+	mux.Handle("/app-health/", status.NewProbeForwarder(sock, nil))
+	mux.Handle("/app-lifecycle/", status.NewProbeForwarder(sock, nil))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "status server %s", r.URL.Path) })
+	front := httptest.NewServer(mux)
+	t.Cleanup(front.Close)
+	addr := front.Listener.Addr().String()
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
+		return d.DialContext(ctx, "tcp", addr)
 	}}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 20 * time.Second}, reg
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}, reg, addr
 }
 
 type answer struct {
@@ -227,7 +247,7 @@ func TestHTTPProbes(t *testing.T) {
 		{"/app-health/ignored-host/readyz", answer{500, ""}},
 		{"/app-health/ignored-host/startupz", answer{500, ""}},
 		{"/app-health/unknown/readyz", answer{400, "app prober config does not exists for /app-health/unknown/readyz"}},
-		{"/healthz/ready", answer{400, "app prober config does not exists for /healthz/ready"}},
+		{"/healthz/ready", answer{200, "status server /healthz/ready"}},
 	}
 	for _, tc := range tests {
 		t.Run(strings.TrimPrefix(tc.path, "/"), func(t *testing.T) {
@@ -438,4 +458,136 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 		}
 	}
 	return 0
+}
+
+// TestHandedConnection: kubelet's connection, handed to the prober, keeps serving: requests
+// one after the other and pipelined, app probes answered by the prober, another path handed
+// back to the status server, and an app probe after that forwarded again.
+func TestHandedConnection(t *testing.T) {
+	app := startApp(t, false, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "fine") })
+	_, _, addr := startProberAt(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
+		"/app-health/ok/readyz": fmt.Sprintf(`{"httpGet":{"path":"/ok","port":%d},"timeoutSeconds":1}`, app.port),
+	})})
+	req := func(path string) string { return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1:15020\r\n\r\n" }
+	probe, other := req("/app-health/ok/readyz"), req("/healthz/ready")
+	tests := []struct {
+		name   string
+		writes []string // each written after the answers to the one before were read
+		want   []string // bodies, in order
+	}{
+		{"one after the other", []string{probe, probe, other, probe}, []string{"fine", "fine", "status server /healthz/ready", "fine"}},
+		{"pipelined", []string{probe + probe + other + probe}, []string{"fine", "fine", "status server /healthz/ready", "fine"}},
+		{"other path first", []string{other, probe, other}, []string{"status server /healthz/ready", "fine", "status server /healthz/ready"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			br := bufio.NewReader(conn)
+			var got []string
+			for _, w := range tc.writes {
+				if _, err := io.WriteString(conn, w); err != nil {
+					t.Fatal(err)
+				}
+				for range strings.Count(w, "GET ") {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						t.Fatalf("answer %d: %v", len(got)+1, err)
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					got = append(got, string(b))
+				}
+			}
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+				t.Errorf("answers %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestProbeAnswerGzip: an app probe's answer of 1 KiB or more goes gzipped to a client that
+// accepts gzip, as Istio's status port (gzhttp) sends it; smaller ones and other clients get it
+// plain.
+func TestProbeAnswerGzip(t *testing.T) {
+	app := startApp(t, false, func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		fmt.Fprint(w, strings.Repeat("x", n))
+	})
+	probe := func(n int) string {
+		return fmt.Sprintf(`{"httpGet":{"path":"/?n=%d","port":%d},"timeoutSeconds":1}`, n, app.port)
+	}
+	c, _ := startProber(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
+		"/app-health/big/readyz":   probe(20000), // passed back cut to 10 KiB
+		"/app-health/kib/readyz":   probe(1024),
+		"/app-health/small/readyz": probe(1023),
+	})})
+	tests := []struct {
+		path, accept string
+		wantGzip     bool
+		wantLen      int
+	}{
+		{"/app-health/big/readyz", "gzip", true, 10 << 10},
+		{"/app-health/big/readyz", "", false, 10 << 10},
+		{"/app-health/big/readyz", "gzip;q=0", false, 10 << 10},
+		{"/app-health/kib/readyz", "gzip, deflate", true, 1024},
+		{"/app-health/small/readyz", "gzip", false, 1023},
+	}
+	for _, tc := range tests {
+		req, err := http.NewRequest(http.MethodGet, "http://status"+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("User-Agent", "kube-probe/1.33")
+		if tc.accept != "" {
+			req.Header.Set("Accept-Encoding", tc.accept) // set by hand: the client does not decompress
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gz := resp.Header.Get("Content-Encoding") == "gzip"
+		if gz {
+			zr, err := gzip.NewReader(bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body, err = io.ReadAll(zr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if resp.StatusCode != 200 || gz != tc.wantGzip || len(body) != tc.wantLen {
+			t.Errorf("GET %s, Accept-Encoding %q: %d, gzipped %v, %d bytes; want 200, gzipped %v, %d bytes",
+				tc.path, tc.accept, resp.StatusCode, gz, len(body), tc.wantGzip, tc.wantLen)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "text/plain; charset=utf-8" {
+			t.Errorf("GET %s, Accept-Encoding %q: Content-Type %q, want text/plain; charset=utf-8", tc.path, tc.accept, ct)
+		}
+	}
+}
+
+// TestGRPCProbeClosedPort: a gRPC probe of a port nothing listens on fails after the probe's
+// timeoutSeconds, as Istio's blocking dial does, not at once.
+func TestGRPCProbeClosedPort(t *testing.T) {
+	c, _ := startProber(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
+		"/app-health/grpc-closed/readyz": fmt.Sprintf(`{"grpc":{"port":%d},"timeoutSeconds":1}`, freePort(t)),
+	})})
+	start := time.Now()
+	got := get(t, c, "/app-health/grpc-closed/readyz", nil, "")
+	elapsed := time.Since(start)
+	if got.code != 500 {
+		t.Errorf("status %d, want 500", got.code)
+	}
+	if elapsed < time.Second {
+		t.Errorf("answered after %v, before the probe's 1 s timeout", elapsed)
+	}
 }

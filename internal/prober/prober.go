@@ -1,11 +1,12 @@
 // Package prober is the prober helper: it answers the rewritten kubelet app probes that
 // agentd's status server forwards to it, and runs Istio's WorkloadEntry health check.
 //
-// agentd opens a Unix socket named "probe" and hands it down; the prober serves plain HTTP
-// on it with the same paths as the status port (/app-health/<c>/livez, ...). agentd's status
-// server proxies those paths to the socket with the request's Host and headers, so the
-// prober sees what kubelet sent. Because the socket is agentd's, probes that arrive while the
-// prober restarts wait in the socket's backlog instead of failing.
+// agentd opens a Unix socket named "probe" and hands it down. agentd's status server reads
+// kubelet's request for an app probe path (/app-health/<c>/livez, ...) and hands the client
+// connection itself, with the request, over that socket (package connpass); the prober
+// answers kubelet on it directly and keeps serving it, handing it back to agentd if a later
+// request on it is for another path. Because the socket is agentd's, probes that arrive while
+// the prober restarts wait in the socket's queue instead of failing.
 package prober
 
 import (
@@ -16,7 +17,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +24,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/agentd/agentd/internal/component"
+	"github.com/agentd/agentd/internal/memory"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
@@ -35,7 +36,7 @@ type Prober struct {
 	health   *HealthCheck // nil without a readinessProbe
 	bus      *component.Bus
 	serving  atomic.Bool
-	server   *http.Server
+	server   *Server
 	metrics  *metrics
 }
 
@@ -67,6 +68,13 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 	}
 	m := newMetrics(reg)
 	p := &Prober{log: log, listener: l, bus: bus, metrics: m}
+	// A flood of probes (a benchmark, a misconfigured period) leaves the heap at the
+	// high-water mark of its garbage: given back a second after it ends.
+	burst := &memory.Burst{Min: probeBurst}
+	observe := func(kind string, ok bool) {
+		m.observeAppProbe(kind, ok)
+		burst.Done()
+	}
 	p.probes = NewAppProbes(AppProbeOptions{
 		Probes:          kube,
 		PodIP:           cfg.GetPodIp(),
@@ -76,7 +84,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 		DisableHTTP2:    cfg.GetDisableHttp2Probing(),
 		KeepAlive:       cfg.GetProbeKeepaliveConnections(),
 		Log:             log.Named("probes"),
-		Observe:         m.observeAppProbe,
+		Observe:         observe,
 	})
 	if rp := cfg.GetReadinessProbe(); rp != nil {
 		probe := &networking.ReadinessProbe{}
@@ -92,9 +100,13 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 			return nil, err
 		}
 	}
-	p.server = &http.Server{Handler: p.probes, ReadHeaderTimeout: 10 * time.Second}
+	p.server = NewServer(l, p.probes, log)
 	return p, nil
 }
+
+// probeBurst is how many app probes make a burst after which memory is given back (an hour of
+// kubelet's probing at three probes every ten seconds; a moment of a benchmark's).
+const probeBurst = 1000
 
 // healthHost is the default host of the health checks: the pod IP, or localhost.
 func healthHost(cfg *agentv1.ProberConfig) string {
@@ -107,21 +119,13 @@ func healthHost(cfg *agentv1.ProberConfig) string {
 // Handler answers the app probe paths; agentd's status server forwards them here.
 func (p *Prober) Handler() http.Handler { return p.probes }
 
-// Run serves app probes on the "probe" socket and runs the health check until ctx ends.
+// Run serves the connections agentd hands over on the "probe" socket and runs the health
+// check until ctx ends.
 func (p *Prober) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		p.serving.Store(true)
-		if err := p.server.Serve(p.listener); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve app probes: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return p.server.Shutdown(sctx)
+		return p.server.Run(ctx)
 	})
 	if p.health != nil {
 		g.Go(func() error { return p.health.Run(ctx, p.log.Named("healthcheck"), p.publish) })

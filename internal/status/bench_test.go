@@ -26,9 +26,11 @@ func BenchmarkAppProbe(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ps := &http.Server{Handler: prober.NewAppProbes(prober.AppProbeOptions{Probes: probes, PodIP: "127.0.0.1"})}
-	go ps.Serve(pl)
-	defer ps.Close()
+	ps := prober.NewServer(pl, prober.NewAppProbes(prober.AppProbeOptions{Probes: probes, PodIP: "127.0.0.1"}), nil)
+	pctx, pcancel := context.WithCancel(context.Background())
+	pdone := make(chan error, 1)
+	go func() { pdone <- ps.Run(pctx) }()
+	defer func() { pcancel(); <-pdone }()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

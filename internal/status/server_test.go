@@ -249,9 +249,11 @@ func TestAppProbesThroughProber(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &http.Server{Handler: prober.NewAppProbes(prober.AppProbeOptions{Probes: probes, PodIP: "127.0.0.1", StatusPort: statusPort})}
-	go ps.Serve(pl)
-	defer ps.Close()
+	ps := prober.NewServer(pl, prober.NewAppProbes(prober.AppProbeOptions{Probes: probes, PodIP: "127.0.0.1", StatusPort: statusPort}), nil)
+	pctx, pcancel := context.WithCancel(context.Background())
+	pdone := make(chan error, 1)
+	go func() { pdone <- ps.Run(pctx) }()
+	defer func() { pcancel(); <-pdone }()
 
 	_, base := start(t, Config{AppProbes: NewProbeForwarder(sock, nil)}, "127.0.0.1:"+strconv.Itoa(statusPort))
 	tests := []struct {

@@ -3,9 +3,11 @@
 # rewrites README.md's benchmark section, between the lines <!-- bench:start --> and
 # <!-- bench:end -->, with a table of the runs and each script's figures (its standard output,
 # without go test's own lines). A script that fails is shown as failed, with the end of its
-# error output, and makes this script exit 1 after the README is written.
+# error output, and makes this script exit 1 after the README is written. peer.sh (agentd side by
+# side with Istio's pilot-agent) runs when PILOT_AGENT names a pilot-agent binary; lib.sh is
+# the scripts' shared shell, not a benchmark.
 #
-# Usage: scripts/bench/all.sh [NAME.sh...]
+# Usage: scripts/bench/all.sh [NAME.sh...]   (PILOT_AGENT=path to include peer.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -20,7 +22,11 @@ fi
 scripts=("$@")
 if [ ${#scripts[@]} -eq 0 ]; then
 	for s in scripts/bench/*.sh; do
-		[ "$(basename "$s")" = all.sh ] || scripts+=("$(basename "$s")")
+		case $(basename "$s") in
+		all.sh | lib.sh) ;;
+		peer.sh) [ -n "${PILOT_AGENT:-}" ] && scripts+=(peer.sh) ;;
+		*) scripts+=("$(basename "$s")") ;;
+		esac
 	done
 fi
 

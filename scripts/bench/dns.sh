@@ -9,52 +9,15 @@
 # Needs: go, dnsperf, dnsmasq, dig, curl, python3. Everything listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/bench/lib.sh
+. scripts/bench/lib.sh
 
 DURATION=${DURATION:-10}
 CLIENTS=${CLIENTS:-4}
 OUTSTANDING=${OUTSTANDING:-100}
 NAMES=${NAMES:-1000}
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-freeport() { # a port free for both UDP and TCP on 127.0.0.1
-	python3 - <<'EOF'
-import socket
-while True:
-    t = socket.socket(); t.bind(("127.0.0.1", 0)); port = t.getsockname()[1]
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        u.bind(("127.0.0.1", port)); print(port); break
-    except OSError:
-        pass
-    finally:
-        u.close(); t.close()
-EOF
-}
-
-start_dnsmasq() { # PORT ARGS...: a dnsmasq in the foreground, in the background
-	local port=$1; shift
-	dnsmasq --keep-in-foreground --no-resolv --no-hosts --listen-address=127.0.0.1 --bind-interfaces \
-		--port="$port" --conf-file=/dev/null --user=root --pid-file= --log-facility=/dev/null "$@" &
-	pids+=($!)
-}
-
-wait_answer() { # PORT NAME: until the server answers NAME with NOERROR
-	for _ in $(seq 100); do
-		if dig @127.0.0.1 -p "$1" +tries=1 +time=1 "$2" A | grep -q "status: NOERROR"; then return 0; fi
-		sleep 0.1
-	done
-	echo "no answer from 127.0.0.1:$1 for $2" >&2
-	exit 1
-}
-
+bench_init
 echo "building agentd and helpers..." >&2
 go build -o "$work/bin/" ./cmd/...
 
@@ -103,10 +66,6 @@ done
 wait_answer "$up" fwd0.example.net
 wait_answer "$dm" svc0.ns0.svc.cluster.local
 wait_answer "$ad" svc0.ns0.svc.cluster.local
-
-cputicks() { # PID: user+system clock ticks so far
-	awk '{print $14 + $15}' "/proc/$1/stat"
-}
 
 perf() { # PORT FILE [PID]: "qps avg_latency_ms lost sent cpu_us_per_query agentd_cpu_us_per_query"
 	# (cpu of PID, and of the agentd process itself, which holds dns-proxy's sockets)

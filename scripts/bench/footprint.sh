@@ -17,45 +17,19 @@
 # Needs: go, curl, python3. Everything listens on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/bench/lib.sh
+. scripts/bench/lib.sh
 
 NAMES=${NAMES:-10000}
 PUSHES=${PUSHES:-3}
 RUNS=${RUNS:-5}
 LAYOUTS=${LAYOUTS:-separate links}
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-freeport() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
+bench_init
 
 echo "building agentd, the helpers, devplane and the Envoy stand-in..." >&2
-# As the image builds them (deploy/docker/Dockerfile, make build): static, no cgo.
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -tags urfave_cli_no_docs -o "$work/bin/" ./cmd/agentd ./cmd/xds-proxy ./cmd/sds-server ./cmd/dns-proxy ./cmd/prober ./cmd/devplane ./test/envoy-standin
-mkdir "$work/links"
-for h in xds-proxy sds-server dns-proxy prober; do ln -s "$work/bin/agentd" "$work/links/$h"; done
+build_tree "$work/bin" ./cmd/agentd ./cmd/xds-proxy ./cmd/sds-server ./cmd/dns-proxy ./cmd/prober ./cmd/devplane ./test/envoy-standin
 
-# services FILE N PORT: N services, one endpoint each (N names in the table, N endpoints).
-services() {
-	awk -v n="$2" -v port="$3" 'BEGIN {
-		print "services:"
-		for (i = 0; i < n; i++) {
-			printf "- hostname: svc%d.ns%d.svc.cluster.local\n  namespace: ns%d\n", i, i % 10, i % 10
-			printf "  addresses: [10.96.%d.%d]\n", int(i / 250), i % 250 + 1
-			printf "  ports: [{name: grpc, port: 8080, protocol: GRPC}]\n"
-			printf "  endpoints: [{address: 10.%d.%d.%d, port: %d}]\n", 1 + int(i / 65536), int(i / 256) % 256, i % 256, port
-		}
-	}' >"$1.tmp"
-	mv "$1.tmp" "$1"
-}
 
 # devplane: xDS on a loopback address of its own (port 15010, plaintext), the CA on 127.0.0.1.
 xds="127.$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1)):15010"
@@ -98,34 +72,16 @@ stop_agentd() {
 	wait "$agentd_pid" 2>/dev/null || true
 }
 
-# tree PID: PID and its descendants.
-tree() {
-	echo "$1"
-	local c
-	for c in $(pgrep -P "$1" || true); do tree "$c"; done
-}
-# memory TITLE: RSS and PSS of every process of agentd's tree, and the sums without Envoy.
-memory() {
+memory() { # TITLE
 	echo
 	echo "== $1 =="
-	local p
-	for p in $(tree "$agentd_pid"); do
-		[ -r "/proc/$p/smaps_rollup" ] || continue
-		echo "$(cat "/proc/$p/comm") $(awk '/^Threads:/{print $2}' "/proc/$p/status")" \
-			"$(awk '/^(Rss|Pss|Pss_Anon|Pss_File):/{printf "%s ", $2}' "/proc/$p/smaps_rollup")"
-	done | awk '
-		BEGIN { printf "%-14s %8s %8s %8s %8s %8s\n", "process", "RSS MB", "PSS MB", "anon MB", "file MB", "threads" }
-		{
-			printf "%-14s %8.1f %8.1f %8.1f %8.1f %8d\n", $1, $3/1024, $4/1024, $5/1024, $6/1024, $2
-			if ($1 !~ /^envoy/) { rss += $3; pss += $4 }
-		}
-		END { printf "%-14s %8.1f %8.1f   (agentd and its helpers; Envoy not counted)\n", "sum", rss/1024, pss/1024 }'
+	memory_table "$agentd_pid"
 }
 
 for layout in $LAYOUTS; do
 	case $layout in
 	separate) helpers_dir=$work/bin ;;
-	links) helpers_dir=$work/links ;;
+	links) helpers_dir=$work/bin/links ;;
 	*) echo "unknown layout $layout" >&2; exit 2 ;;
 	esac
 	echo

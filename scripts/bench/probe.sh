@@ -5,39 +5,17 @@
 # HTTP server. Usage: scripts/bench/probe.sh [SECONDS] [CONNECTIONS]   (default 10, 16)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/bench/lib.sh
+. scripts/bench/lib.sh
 secs=${1:-10}
 conns=${2:-16}
 command -v wrk >/dev/null || { echo "probe.sh: wrk not found (apt-get install wrk)" >&2; exit 1; }
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
+bench_init
 go build -o "$work/bin/" ./cmd/...
-mkdir -p "$work/app"
-cat >"$work/app/main.go" <<'EOF'
-package main
+build_app "$work/bin/app"
 
-import (
-	"net/http"
-	"os"
-)
-
-func main() {
-	http.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })
-	http.ListenAndServe("127.0.0.1:"+os.Args[1], nil)
-}
-EOF
-(cd "$work/app" && GOFLAGS= GO111MODULE=off go build -o "$work/bin/app" .)
-
-app=$(free_port) status=$(free_port) ca=$(free_port) xds=$(free_port)
+app=$(freeport) status=$(freeport) ca=$(freeport) xds=$(freeport)
 echo "services: []" >"$work/services.yaml"
 "$work/bin/app" "$app" & pids+=($!)
 "$work/bin/devplane" --services "$work/services.yaml" --xds-address "127.0.0.1:$xds" --debug-address "" \
@@ -58,9 +36,8 @@ env CA_ADDR="127.0.0.1:$ca" CA_ROOT_CA="$work/ca-root.pem" ECC_SIGNATURE_ALGORIT
 rps() { # rps LABEL URL [wrk args]: prints "LABEL <requests/s>" and checks every answer was 2xx
 	local label=$1 url=$2 out
 	shift 2
-	out=$(wrk -t2 -c"$conns" -d"${secs}s" "$@" "$url")
-	if grep -q "Non-2xx" <<<"$out"; then echo "probe.sh: $label got non-2xx answers:" >&2; echo "$out" >&2; exit 1; fi
-	printf '%s %s\n' "$label" "$(awk '/^Requests\/sec/ {print $2}' <<<"$out")"
+	out=$(wrk_run "$url" "$secs" 2 "$conns" "$@")
+	printf '%s %s\n' "$label" "${out%% *}"
 }
 
 echo "== app probes: $conns connections, ${secs}s each, $(nproc) CPUs =="
