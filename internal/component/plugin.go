@@ -10,9 +10,12 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// ProtocolVersion is the version of the plugin contract (proto/agent/v1) this build speaks.
-// agentd refuses a helper built for another version.
-const ProtocolVersion = 1
+// ProtocolVersion is the version of the plugin contract this build speaks: the protos of
+// proto/agent/v1 and what agentd and a helper exchange on the sockets agentd hands down (since
+// version 2, the status server hands kubelet's probe connections to the prober over its
+// socket). agentd refuses a helper built for another version, so a swap to an older build is
+// refused rather than run.
+const ProtocolVersion = 2
 
 // pluginName is the one plugin every helper binary serves.
 const pluginName = "component"
