@@ -372,7 +372,7 @@ func TestSwapRefused(t *testing.T) {
 	}{
 		{"bad checksum", good, strings.Repeat("0", 64), "checksum"},
 		{"crashes on start", filepath.Join(binDir, "helper-crash"), "", "exit status 3"},
-		{"other protocol version", filepath.Join(binDir, "helper-v2"), "", "plugin protocol 1"},
+		{"other protocol version", filepath.Join(binDir, "helper-v2"), "", fmt.Sprintf("plugin protocol %d", component.ProtocolVersion)},
 		{"never ready", filepath.Join(binDir, "helper-hang"), "", "hanging on purpose"},
 		{"missing binary", filepath.Join(binDir, "nope"), "", "no such file"},
 	}

@@ -5,7 +5,7 @@
 //	helper-crash    exits with status 3 before the handshake (a binary that crashes on start)
 //	helper-hang     starts but never becomes ready
 //	helper-nodrain  ignores Drain and its context: only SIGKILL stops it
-//	helper-v2       speaks plugin protocol 2
+//	helper-v2       speaks the plugin protocol after this build's
 //
 // With TESTHELPER_WANT_BUS=1 it is ready only once it got a message on the bus topic "test".
 package main
@@ -37,7 +37,7 @@ func main() {
 	case "crash":
 		os.Exit(3)
 	case "v2":
-		component.ServeVersion(2, "helper", newHelper(mode))
+		component.ServeVersion(component.ProtocolVersion+1, "helper", newHelper(mode))
 	default:
 		component.Serve("helper", newHelper(mode))
 	}
