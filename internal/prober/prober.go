@@ -1,12 +1,3 @@
-// Package prober is the prober helper: it answers the rewritten kubelet app probes that
-// agentd's status server forwards to it, and runs Istio's WorkloadEntry health check.
-//
-// agentd opens a Unix socket named "probe" and hands it down. agentd's status server reads
-// kubelet's request for an app probe path (/app-health/<c>/livez, ...) and hands the client
-// connection itself, with the request, over that socket (package connpass); the prober
-// answers kubelet on it directly and keeps serving it, handing it back to agentd if a later
-// request on it is for another path. Because the socket is agentd's, probes that arrive while
-// the prober restarts wait in the socket's queue instead of failing.
 package prober
 
 import (
@@ -38,24 +29,6 @@ type Prober struct {
 	serving  atomic.Bool
 	server   *Server
 	metrics  *metrics
-}
-
-// New is the helper's factory: it validates the configuration (a malformed
-// ISTIO_KUBE_APP_PROBERS fails Configure with Istio's message) and takes the "probe" socket.
-func New(env *component.Env) (component.Helper, error) {
-	cfg := &agentv1.ProberConfig{}
-	if err := env.UnmarshalConfig(cfg); err != nil {
-		return nil, err
-	}
-	l, err := env.Listener(agentv1.SocketProbe)
-	if err != nil {
-		return nil, err
-	}
-	var reg prometheus.Registerer = env.Metrics
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	return newProber(cfg, l, env.Bus, env.Log, reg)
 }
 
 func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, log hclog.Logger, reg prometheus.Registerer) (*Prober, error) {

@@ -38,7 +38,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := ConfigFrom(&c)
+	cfg := configFrom(&c)
 	var cache *wasm.Cache
 	if !c.GetWasm().GetConversionDisabled() {
 		if cache, err = NewWasmCache(c.GetWasm(), env.Log.Named("wasm"), env.Metrics); err != nil {
@@ -87,8 +87,8 @@ func NewHelper(p *Proxy, l net.Listener, bus *component.Bus) *Helper {
 	return &Helper{proxy: p, l: l, bus: bus}
 }
 
-// ConfigFrom turns the helper's configuration into the proxy's.
-func ConfigFrom(c *agentv1.XDSProxyConfig) Config {
+// configFrom turns the helper's configuration into the proxy's.
+func configFrom(c *agentv1.XDSProxyConfig) Config {
 	return Config{
 		Upstream: Upstream{
 			Address:   c.GetDiscoveryAddress(),

@@ -17,14 +17,14 @@ import (
 )
 
 func TestConfigFrom(t *testing.T) {
-	got := ConfigFrom(&agentv1.XDSProxyConfig{
+	got := configFrom(&agentv1.XDSProxyConfig{
 		DiscoveryAddress: "istiod:15012", ClusterId: "c1", Headers: map[string]string{"a": "b"}, Tls: true,
 		RootCert: "/r.pem", IstiodSan: "istiod.svc", CertChain: "/c.pem", Key: "/k.pem", TokenPath: "/t", NameTable: true, ProxyConfig: true,
 	})
 	u := got.Upstream
 	if u.Address != "istiod:15012" || u.ClusterID != "c1" || u.Headers["a"] != "b" || !u.TLS || u.RootCert != "/r.pem" ||
 		u.SAN != "istiod.svc" || u.CertChain != "/c.pem" || u.Key != "/k.pem" || u.TokenPath != "/t" || !got.NameTable || !got.ProxyConfig {
-		t.Errorf("ConfigFrom = %+v", got)
+		t.Errorf("configFrom = %+v", got)
 	}
 }
 
