@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentd/agentd/internal/kubeprobe"
+
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -37,21 +39,21 @@ var (
 
 // AppProbeOptions configures AppProbes. The zero value answers 400 to every path.
 type AppProbeOptions struct {
-	Probes          map[string]*KubeProbe // from ParseKubeProbes
-	PodIP           string                // destination; empty means localhost
-	LegacyLocalhost bool                  // REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: always localhost
-	IPv6            bool                  // the proxy is IPv6-only: leave from ::6
-	StatusPort      int                   // an incoming Host with this port gets the app's port
-	DisableHTTP2    bool                  // no HTTP/2 for HTTPS probes (ISTIO_ENABLE_HTTP2_PROBING=false)
-	KeepAlive       bool                  // ENABLE_PROBE_KEEPALIVE_CONNECTIONS
-	Log             hclog.Logger          // probe failures (Istio's "probes" scope); default: none
+	Probes          map[string]*kubeprobe.KubeProbe // from kubeprobe.ParseKubeProbes
+	PodIP           string                          // destination; empty means localhost
+	LegacyLocalhost bool                            // REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: always localhost
+	IPv6            bool                            // the proxy is IPv6-only: leave from ::6
+	StatusPort      int                             // an incoming Host with this port gets the app's port
+	DisableHTTP2    bool                            // no HTTP/2 for HTTPS probes (ISTIO_ENABLE_HTTP2_PROBING=false)
+	KeepAlive       bool                            // ENABLE_PROBE_KEEPALIVE_CONNECTIONS
+	Log             hclog.Logger                    // probe failures (Istio's "probes" scope); default: none
 	Observe         func(kind string, ok bool)
 }
 
 // AppProbes answers the rewritten kubelet probes (/app-health/<c>/livez, ...) by running the
 // original probe against the app with kubelet's semantics, as Istio's status server does.
 type AppProbes struct {
-	probes      map[string]*KubeProbe
+	probes      map[string]*kubeprobe.KubeProbe
 	clients     map[string]*http.Client // one per httpGet probe, as Istio
 	dest        string
 	source      *net.TCPAddr
@@ -95,7 +97,7 @@ func NewAppProbes(o AppProbeOptions) *AppProbes {
 	return a
 }
 
-func (a *AppProbes) httpClient(p *KubeProbe, o AppProbeOptions) *http.Client {
+func (a *AppProbes) httpClient(p *kubeprobe.KubeProbe, o AppProbeOptions) *http.Client {
 	d := probeDialer(a.source, 0)
 	t := &http.Transport{
 		DialContext: d.DialContext,
@@ -188,7 +190,7 @@ func (a *AppProbes) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	httpgz.Write(w, r, code, body)
 }
 
-func (a *AppProbes) probeHTTP(in *http.Request, path string, g *HTTPGetAction, client *http.Client) (int, []byte) {
+func (a *AppProbes) probeHTTP(in *http.Request, path string, g *kubeprobe.HTTPGetAction, client *http.Client) (int, []byte) {
 	appPath := g.Path
 	if !strings.HasPrefix(appPath, "/") {
 		appPath = "/" + appPath
@@ -236,7 +238,7 @@ func (a *AppProbes) probeHTTP(in *http.Request, path string, g *HTTPGetAction, c
 	return resp.StatusCode, body
 }
 
-func (a *AppProbes) probeTCP(ctx context.Context, p *KubeProbe) int {
+func (a *AppProbes) probeTCP(ctx context.Context, p *kubeprobe.KubeProbe) int {
 	d := probeDialer(a.source, time.Duration(p.TimeoutSeconds)*time.Second)
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(a.dest, strconv.Itoa(p.TCPSocket.Port.Int)))
 	if err != nil {
@@ -247,7 +249,7 @@ func (a *AppProbes) probeTCP(ctx context.Context, p *KubeProbe) int {
 	return http.StatusOK
 }
 
-func (a *AppProbes) probeGRPC(in *http.Request, p *KubeProbe) int {
+func (a *AppProbes) probeGRPC(in *http.Request, p *kubeprobe.KubeProbe) int {
 	var service string
 	if p.GRPC.Service != nil {
 		service = *p.GRPC.Service

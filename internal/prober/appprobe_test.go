@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/kubeprobe"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -413,18 +415,18 @@ func TestParseKubeProbes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseKubeProbes(tc.in)
+			got, err := kubeprobe.ParseKubeProbes(tc.in)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("ParseKubeProbes(%q) error = %v, want one containing %q", tc.in, err, tc.wantErr)
+					t.Fatalf("kubeprobe.ParseKubeProbes(%q) error = %v, want one containing %q", tc.in, err, tc.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("ParseKubeProbes(%q) = %v", tc.in, err)
+				t.Fatalf("kubeprobe.ParseKubeProbes(%q) = %v", tc.in, err)
 			}
 			if len(got) != tc.want {
-				t.Errorf("ParseKubeProbes(%q) has %d probes, want %d", tc.in, len(got), tc.want)
+				t.Errorf("kubeprobe.ParseKubeProbes(%q) has %d probes, want %d", tc.in, len(got), tc.want)
 			}
 		})
 	}

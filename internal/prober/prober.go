@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/agentd/agentd/internal/kubeprobe"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -35,7 +37,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	kube, err := ParseKubeProbes(cfg.GetKubeAppProbers())
+	kube, err := kubeprobe.ParseKubeProbes(cfg.GetKubeAppProbers())
 	if err != nil {
 		return nil, err
 	}
