@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
-	"github.com/agentd/agentd/internal/ca"
+	"github.com/agentd/agentd/internal/testing/ca"
 )
 
 // recordingCA is the real CA behind a server that records what each call carried and can

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
-	"github.com/agentd/agentd/internal/ca"
+	"github.com/agentd/agentd/internal/testing/ca"
 )
 
 // referenceCases is where the outputs recorded from Istio's pilot-agent are

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/agentd/agentd/internal/ca"
+	"github.com/agentd/agentd/internal/testing/ca"
 )
 
 // keyPair is a certificate and key as files hold them.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	spiffepeer "github.com/agentd/agentd/internal/spiffe"
+	spiffepeer "github.com/agentd/agentd/internal/testing/spiffe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -32,8 +32,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
-	"github.com/agentd/agentd/internal/ca"
 	"github.com/agentd/agentd/internal/caclient"
+	"github.com/agentd/agentd/internal/testing/ca"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/agentd/agentd/internal/kubeprobe"
 	"github.com/agentd/agentd/internal/prober"
 )
 
@@ -22,7 +23,7 @@ func BenchmarkAppProbe(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	probes, err := prober.ParseKubeProbes(fmt.Sprintf(`{"/app-health/app/readyz":{"httpGet":{"path":"/ok","port":%d},"timeoutSeconds":1}}`, app))
+	probes, err := kubeprobe.ParseKubeProbes(fmt.Sprintf(`{"/app-health/app/readyz":{"httpGet":{"path":"/ok","port":%d},"timeoutSeconds":1}}`, app))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/kubeprobe"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
@@ -243,7 +244,7 @@ func TestAppProbesThroughProber(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probes, err := prober.ParseKubeProbes(fmt.Sprintf(`{
+	probes, err := kubeprobe.ParseKubeProbes(fmt.Sprintf(`{
 		"/app-health/app/readyz":{"httpGet":{"path":"/ok","port":%d},"timeoutSeconds":1},
 		"/app-health/app/livez":{"httpGet":{"path":"/bad","port":%d},"timeoutSeconds":1}}`, appPort, appPort))
 	if err != nil {

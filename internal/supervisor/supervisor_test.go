@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"

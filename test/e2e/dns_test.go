@@ -17,7 +17,7 @@ import (
 
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	"github.com/miekg/dns"
 	"google.golang.org/protobuf/encoding/protojson"

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/envoy/bootstrap"

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	"github.com/agentd/agentd/internal/agent"
-	"github.com/agentd/agentd/internal/ca"
 	"github.com/agentd/agentd/internal/control"
+	"github.com/agentd/agentd/internal/testing/ca"
 )
 
 // binDir holds every binary under cmd/ (and the test stand-ins under test/), built once.

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/spiffe"
+	"github.com/agentd/agentd/internal/testing/spiffe"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"

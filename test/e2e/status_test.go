@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/internal/logbuf"
+	"github.com/agentd/agentd/internal/testing/logbuf"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"

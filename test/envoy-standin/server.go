@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
-	"github.com/agentd/agentd/internal/envoy/configcheck"
+	"github.com/agentd/agentd/internal/testing/configcheck"
 )
 
 // Envoy's server states, as server.state reports them.

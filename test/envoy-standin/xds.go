@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/envoy/configcheck"
+	"github.com/agentd/agentd/internal/testing/configcheck"
 )
 
 const (

@@ -11,13 +11,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentd/agentd/internal/envoy/configcheck"
-	"github.com/agentd/agentd/test/compat/jsondiff"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	meshv1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/agentd/agentd/internal/testing/configcheck"
+	"github.com/agentd/agentd/test/compat/jsondiff"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")

@@ -3,7 +3,7 @@ package bootstrap
 import (
 	"testing"
 
-	"github.com/agentd/agentd/internal/envoy/configcheck"
+	"github.com/agentd/agentd/internal/testing/configcheck"
 )
 
 // FuzzMergeProxyConfig: any PROXY_CONFIG text either merges into a ProxyConfig that passes

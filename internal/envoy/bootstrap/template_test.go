@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/agentd/agentd/internal/envoy/configcheck"
+	"github.com/agentd/agentd/internal/testing/configcheck"
 	"github.com/agentd/agentd/test/compat/jsondiff"
 )
 
