@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"time"
+
+	"github.com/agentd/agentd/internal/proc"
 )
 
 // loop keeps one child running until ctx ends, then stops it.
@@ -20,7 +24,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 			s.setState(c, Starting)
 			var sum string
 			var err error
-			inst, sum, err = s.launch(ctx, c, binary)
+			inst, sum, err = s.launch(ctx, c, binary, nil)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -90,12 +94,12 @@ func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, 
 				cmd.reply <- nil
 				return binary, nil
 			}
-			inst, err := s.startNew(ctx, c, cmd)
+			inst, sum, err := s.startNew(ctx, c, cmd)
 			if err != nil {
 				cmd.reply <- err
 				continue
 			}
-			s.adopt(c, inst, cmd.binary, cmd.sha256)
+			s.adopt(c, inst, cmd.binary, sum)
 			c.mu.Lock()
 			c.failures = 0
 			c.mu.Unlock()
@@ -132,14 +136,14 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 				cmd.reply <- nil
 				return true
 			case cmdSwap:
-				next, err := s.startNew(ctx, c, cmd)
+				next, sum, err := s.startNew(ctx, c, cmd)
 				if err != nil {
 					cmd.reply <- err
 					continue
 				}
 				c.log.Info("swap: new process ready, stopping the old one", "old_pid", inst.Pid(), "new_pid", next.Pid())
 				s.stop(c, inst)
-				s.adopt(c, next, cmd.binary, cmd.sha256)
+				s.adopt(c, next, cmd.binary, sum)
 				inst = next
 				cmd.reply <- nil
 			}
@@ -148,9 +152,9 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 }
 
 // startNew starts a swap's binary beside the running process and waits until it is ready.
-func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, error) {
+func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, string, error) {
 	c.log.Info("swap: starting new binary", "binary", cmd.binary, "sha256", cmd.sha256)
-	inst, _, err := s.launch(ctx, c, cmd.binary)
+	inst, sum, err := s.launch(ctx, c, cmd.binary, cmd.exe)
 	if err == nil {
 		if err = s.waitReady(ctx, inst, cmd.timeout); err != nil {
 			s.stop(c, inst)
@@ -158,16 +162,34 @@ func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Insta
 	}
 	if err != nil {
 		c.log.Error("swap refused, the old process keeps serving", "binary", cmd.binary, "error", err)
-		return nil, fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
+		return nil, "", fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
 	}
-	c.log.Info("ready", "pid", inst.Pid())
-	return inst, nil
+	c.log.Info("ready", "pid", inst.Pid(), "sha256", sum)
+	return inst, sum, nil
 }
 
 // launch starts a process of c from binary: it runs and serves its sockets when launch
 // returns. Whether it is ready is another question (a dns-proxy waits for its first name
 // table): not being ready is reported, never a reason to kill it.
-func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Instance, string, error) {
+//
+// The process runs the file launch opened and hashed, not whatever binary names by the time
+// of the exec: the open file goes down in the context (proc.WithExecutable) to a Launch that
+// execs it, and /proc/PID/exe is checked against it after the start, for a Launch that
+// execs the path instead (Envoy). The SHA-256 returned is the one of the running file, or ""
+// when that cannot be shown. A swap hands in the file it opened and verified (verified): then
+// a process that cannot be shown to run it is stopped and an error returned.
+func (s *Supervisor) launch(ctx context.Context, c *child, binary string, verified *openFile) (Instance, string, error) {
+	var exe *os.File
+	var id fileID
+	if verified != nil {
+		exe, id = verified.f, verified.id
+	} else {
+		var err error
+		if exe, id, err = openBinary(binary); err != nil {
+			return nil, "", err
+		}
+		defer exe.Close()
+	}
 	// The binary's first hash (about 18 ms for agentd's) runs beside the process's start.
 	type hashed struct {
 		sum string
@@ -175,19 +197,42 @@ func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Insta
 	}
 	hc := make(chan hashed, 1)
 	go func() {
-		sum, err := s.hashes.sum(binary)
+		sum, err := s.hashes.fileSum(exe, id)
 		hc <- hashed{sum, err}
 	}()
-	inst, err := c.Launch(ctx, binary, c.files)
+	inst, err := c.Launch(proc.WithExecutable(ctx, exe), binary, c.files)
 	h := <-hc
 	if err != nil {
 		return nil, "", err
 	}
-	if h.err != nil { // it started, so the file was there: removed or replaced since
+	if h.err == nil {
+		h.err = runs(inst.Pid(), exe, id)
+	}
+	switch {
+	case h.err != nil && verified != nil:
+		s.stop(c, inst)
+		return nil, "", fmt.Errorf("pid %d stopped: it may not run the verified %s: %w", inst.Pid(), binary, h.err)
+	case h.err != nil:
 		c.log.Warn("started, but its binary's SHA-256 is unknown", "pid", inst.Pid(), "error", h.err)
+		h.sum = ""
 	}
 	c.log.Info("started", "pid", inst.Pid())
 	return inst, h.sum, nil
+}
+
+// runs checks that process pid executes the open file exe, still as it was (identity id).
+func runs(pid int, exe *os.File, id fileID) error {
+	if now, err := fileIdentity(exe); err != nil || !now.sameContent(id) {
+		return fmt.Errorf("binary %s changed while it was started", exe.Name())
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/exe", pid), &st); err != nil {
+		return fmt.Errorf("check the executable of pid %d: %w", pid, err)
+	}
+	if st.Dev != id.dev || st.Ino != id.ino {
+		return fmt.Errorf("pid %d runs another file than the %s that was hashed (replaced meanwhile)", pid, exe.Name())
+	}
+	return nil
 }
 
 // waitReady polls inst until it is ready, it exits, or timeout.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -346,8 +347,21 @@ func (s *Supervisor) Restart(ctx context.Context, name string) error {
 // is ready (within timeout, or ReadyTimeout), then drains and stops the old process; later
 // restarts use binary. If wantSHA256 is set and binary's does not match, nothing changes. If the
 // new process does not become ready, it is stopped and the old one keeps serving.
+//
+// binary must be an absolute path: agentd's working directory is not the caller's. The process
+// started runs the very file that was hashed (see launch): a file renamed over binary in the
+// meantime is not run, and the SHA-256 recorded is the one of the running file.
 func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, timeout time.Duration) error {
-	sum, err := s.hashes.sum(binary)
+	if !filepath.IsAbs(binary) {
+		return fmt.Errorf("binary %q is a relative path: give an absolute one (not swapped)", binary)
+	}
+	// The file is opened once: the one hashed is the one started (launch).
+	exe, id, err := openBinary(binary)
+	if err != nil {
+		return err
+	}
+	defer exe.Close()
+	sum, err := s.hashes.fileSum(exe, id)
 	if err != nil {
 		return err
 	}
@@ -357,7 +371,7 @@ func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, 
 	if c, ok := s.byName[name]; ok && timeout == 0 {
 		timeout = c.ReadyTimeout
 	}
-	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, sha256: sum, timeout: timeout})
+	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, exe: &openFile{exe, id}, sha256: sum, timeout: timeout})
 }
 
 func (s *Supervisor) send(ctx context.Context, name string, cmd command) error {
@@ -389,7 +403,8 @@ const (
 type command struct {
 	kind    cmdKind
 	binary  string
-	sha256  string
+	exe     *openFile // binary, opened and hashed
+	sha256  string    // exe's
 	timeout time.Duration
 	reply   chan error
 }
@@ -408,17 +423,59 @@ type fileID struct {
 	mtime, ctime syscall.Timespec
 }
 
-func (h *binaryHashes) sum(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("read binary: %w", err)
-	}
-	defer f.Close()
+func identity(st *syscall.Stat_t) fileID {
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// sameContent tells whether a file is still the one it was, as far as its bytes go: its
+// ctime also moves when a new file is renamed over its path, which leaves it as it was.
+func (id fileID) sameContent(then fileID) bool {
+	id.ctime = then.ctime
+	return id == then
+}
+
+// fileIdentity is the identity of an open file.
+func fileIdentity(f *os.File) (fileID, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return "", fmt.Errorf("stat binary %s: %w", path, err)
+		return fileID{}, fmt.Errorf("stat binary %s: %w", f.Name(), err)
 	}
-	id := fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return identity(&st), nil
+}
+
+// sum hashes the binary at path.
+func (h *binaryHashes) sum(path string) (string, error) {
+	f, id, err := openBinary(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return h.fileSum(f, id)
+}
+
+// openFile is an open binary and its identity when it was opened.
+type openFile struct {
+	f  *os.File
+	id fileID
+}
+
+// openBinary opens a binary to hash it and run that same open file.
+func openBinary(path string) (*os.File, fileID, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fileID{}, fmt.Errorf("read binary: %w", err)
+	}
+	id, err := fileIdentity(f)
+	if err != nil {
+		f.Close()
+		return nil, fileID{}, err
+	}
+	return f, id, nil
+}
+
+// fileSum is the SHA-256 of the open file f, whose identity was id when it was opened. It
+// reads at offsets, leaving f's own offset alone.
+func (h *binaryHashes) fileSum(f *os.File, id fileID) (string, error) {
 	// Held while hashing: the helpers starting side by side from one binary wait for its
 	// one hash instead of each computing it.
 	h.mu.Lock()
@@ -427,8 +484,11 @@ func (h *binaryHashes) sum(path string) (string, error) {
 		return sum, nil
 	}
 	d := sha256.New()
-	if _, err := io.Copy(d, f); err != nil {
-		return "", fmt.Errorf("read binary %s: %w", path, err)
+	if _, err := io.Copy(d, io.NewSectionReader(f, 0, id.size)); err != nil {
+		return "", fmt.Errorf("read binary %s: %w", f.Name(), err)
+	}
+	if now, err := fileIdentity(f); err != nil || !now.sameContent(id) {
+		return "", fmt.Errorf("binary %s changed while it was read", f.Name())
 	}
 	if h.sums == nil {
 		h.sums = map[fileID]string{}

@@ -375,6 +375,7 @@ func TestSwapRefused(t *testing.T) {
 		{"other protocol version", filepath.Join(binDir, "helper-v2"), "", "plugin protocol 1"},
 		{"never ready", filepath.Join(binDir, "helper-hang"), "", "hanging on purpose"},
 		{"missing binary", filepath.Join(binDir, "nope"), "", "no such file"},
+		{"relative path", "helper", "", "relative path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,6 +394,73 @@ func TestSwapRefused(t *testing.T) {
 	}
 	if err := f.sup.Swap(context.Background(), "nobody", good, "", time.Second); err == nil {
 		t.Errorf("Swap of an unknown child succeeded")
+	}
+}
+
+// TestSwapRunsWhatItVerified: while a swap runs, another file is renamed over the binary's
+// path again and again. Every swap either runs the build whose checksum it verified, and says
+// so, or is refused; none runs the other file.
+func TestSwapRunsWhatItVerified(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper")}
+	})
+	f.waitRunning("a")
+	dir := t.TempDir()
+	// Two builds: the test helper, and the same program with bytes appended, which runs but
+	// has another SHA-256. Each is written anew and renamed over the path, as `install` does.
+	good, err := os.ReadFile(filepath.Join(binDir, "helper"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(good)
+	want := hex.EncodeToString(sum[:])
+	evil := append(append([]byte{}, good...), "not the verified build"...)
+	path := filepath.Join(dir, "helper")
+	flip := func(data []byte) {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, data, 0o755); err == nil {
+			os.Rename(tmp, path)
+		}
+	}
+	flip(good)
+
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			flip([][]byte{evil, good}[i%2])
+			time.Sleep(time.Duration(i%3) * time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-flipped }()
+
+	swapped := 0
+	for i := 0; i < 40 && swapped < 4; i++ {
+		err := f.sup.Swap(context.Background(), "a", path, want, 20*time.Second)
+		s := f.status("a")
+		if err != nil {
+			t.Logf("swap %d refused: %v", i, err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		swapped++
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/exe", s.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(data)
+		if got := hex.EncodeToString(sum[:]); got != want || s.SHA256 != want {
+			t.Fatalf("swap %d: pid %d runs a file of SHA-256 %s, status says %s, want the verified %s", i, s.Pid, got, s.SHA256, want)
+		}
+	}
+	if swapped == 0 {
+		t.Errorf("no swap went through: the verified build never ran")
 	}
 }
 
