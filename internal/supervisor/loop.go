@@ -33,6 +33,16 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 				c.mu.Lock()
 				c.lastErr = err
 				c.mu.Unlock()
+				if ownResources(err) { // agentd's trouble, not the helper's: not an exit
+					s.setState(c, Backoff)
+					if binary, inst = s.backoff(ctx, c, resourceRetry, binary); ctx.Err() != nil {
+						if inst != nil {
+							s.stop(c, inst)
+						}
+						return
+					}
+					continue
+				}
 			} else {
 				s.adopt(c, inst, binary, sum)
 			}
@@ -75,6 +85,22 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 		}
 		s.countRestart(c)
 	}
+}
+
+// resourceRetry is the wait before another start when the last one failed for lack of
+// agentd's own resources (file descriptors, memory, processes): short, as the child is down,
+// and not growing, as the child is not at fault.
+const resourceRetry = 250 * time.Millisecond
+
+// ownResources tells whether a start failed because agentd itself ran out of something: file
+// descriptors (pipes, sockets, the binary's open file), memory, or processes.
+func ownResources(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // backoff waits before a restart. A restart command ends the wait; a swap command tries the

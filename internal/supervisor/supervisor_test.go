@@ -223,6 +223,66 @@ func TestKilledChildIsRestartedOnItsSocket(t *testing.T) {
 	}
 }
 
+// TestOutOfFDsIsNotACrash: a child killed while agentd has no file descriptor left cannot be
+// started again; those failed starts are agentd's, not the child's: no crash loop, no growing
+// backoff, and the child is back as soon as descriptors are free again.
+func TestOutOfFDsIsNotACrash(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper")}
+	})
+	a := f.waitRunning("a")
+
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(openFDCount(t) + 32)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the fd limit: %v", err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	var hog []*os.File
+	release := func() {
+		for _, h := range hog {
+			h.Close()
+		}
+		hog = nil
+	}
+	defer release()
+	for {
+		h, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		hog = append(hog, h)
+	}
+
+	syscall.Kill(a.Pid, syscall.SIGKILL)
+	f.waitFor("a failed start", func() bool { return strings.Contains(f.logs.String(), "too many open files") })
+	time.Sleep(2 * time.Second) // many failed starts
+	if s := f.status("a"); s.State == supervisor.CrashLoop || s.State == supervisor.Running {
+		t.Errorf("with agentd out of fds: a is %s, want %s (not the child's fault)", s.State, supervisor.Backoff)
+	}
+	release()
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	deadline := time.Now().Add(3 * time.Second)
+	for f.status("a").State != supervisor.Running {
+		if time.Now().After(deadline) {
+			t.Fatalf("a not running 3 s after fds were free again: %+v", f.status("a"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func openFDCount(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip(err)
+	}
+	return len(entries)
+}
+
 func TestCrashLoopLeavesOthersRunning(t *testing.T) {
 	opts := supervisor.Options{Backoff: supervisor.BackoffPolicy{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, CrashLoopAfter: 3}}
 	f := start(t, opts, func(f *fixture) []supervisor.Child {
