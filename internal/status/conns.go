@@ -1,6 +1,7 @@
 package status
 
 import (
+	"cmp"
 	"net"
 	"net/http"
 	"sync"
@@ -35,7 +36,7 @@ func DefaultMaxConns() int {
 // connection is in the middle of a request (each bounded by the read and write timeouts), the
 // new one is closed instead.
 type connLimit struct {
-	max int
+	max int // 0: DefaultMaxConns() at each new connection, following the limit as it changes
 
 	mu      sync.Mutex
 	open    int
@@ -55,7 +56,7 @@ func (l *connLimit) track(c net.Conn, st http.ConnState) {
 	case http.StateNew:
 		l.open++
 		l.waiting[c] = time.Now()
-		if l.open > l.max {
+		if max := cmp.Or(l.max, DefaultMaxConns()); l.open > max {
 			victim = l.oldestWaiting(c)
 			l.closed++
 		}

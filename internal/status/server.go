@@ -57,7 +57,8 @@ type Config struct {
 	DisableProfiling bool
 	// Log is the status server's logger.
 	Log hclog.Logger
-	// MaxConns caps the status port's open connections (default DefaultMaxConns()).
+	// MaxConns caps the status port's open connections (default DefaultMaxConns() of the fd
+	// limit at each new connection).
 	MaxConns int
 }
 
@@ -91,9 +92,6 @@ func New(cfg Config) (*Server, error) {
 	m, err := newScrapeMetrics(cfg.Registry)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = DefaultMaxConns()
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, metrics: m, client: &http.Client{Transport: &http.Transport{Proxy: nil}}}
 	s.conns = newConnLimit(cfg.MaxConns)
