@@ -138,8 +138,17 @@ func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, 
 // serve watches a running process until it exits, ctx ends (then it stops it), or a restart
 // command stops it (then it returns true). Swap commands replace it in place.
 func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restart bool) {
+	hung, unwatch := s.watchHealth(ctx, c, inst)
+	defer func() { unwatch() }()
 	for {
 		select {
+		case err := <-hung:
+			c.log.Error("hung: restarting it", "pid", inst.Pid(), "error", err)
+			c.mu.Lock()
+			c.lastErr = fmt.Errorf("pid %d hung: %w", inst.Pid(), err)
+			c.mu.Unlock()
+			s.stop(c, inst)
+			return true
 		case <-inst.Exited():
 			err := inst.Err()
 			if err == nil {
@@ -168,13 +177,49 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 					continue
 				}
 				c.log.Info("swap: new process ready, stopping the old one", "old_pid", inst.Pid(), "new_pid", next.Pid())
+				unwatch()
 				s.stop(c, inst)
 				s.adopt(c, next, cmd.binary, sum)
 				inst = next
+				hung, unwatch = s.watchHealth(ctx, c, inst)
 				cmd.reply <- nil
 			}
 		}
 	}
+}
+
+// watchHealth asks inst whether it is ready every HealthInterval, each call within
+// CallTimeout. After HungAfter calls in a row without an answer (an answer "not ready" is an
+// answer), it sends the last error on hung and stops. unwatch stops it and waits for it.
+func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (hung <-chan error, unwatch func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(s.opts.HealthInterval)
+		defer tick.Stop()
+		missed := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-inst.Exited():
+				return
+			case <-tick.C:
+			}
+			err := s.ready(ctx, c, inst, "health")
+			if !errors.Is(err, errNoAnswer) {
+				missed = 0
+				continue
+			}
+			if missed++; missed >= s.opts.HungAfter {
+				out <- fmt.Errorf("%d health checks in a row got %w", missed, err)
+				return
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
 }
 
 // startNew starts a swap's binary beside the running process and waits until it is ready.
@@ -269,7 +314,9 @@ func (s *Supervisor) waitReady(ctx context.Context, inst Instance, timeout time.
 	defer tick.Stop()
 	var reason error // the last answer, not the deadline that cut the last question short
 	for {
-		err := inst.Ready(ctx)
+		cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+		err := inst.Ready(cctx)
+		cancel()
 		if err == nil {
 			return nil
 		}

@@ -48,13 +48,24 @@ type Options struct {
 	DrainTimeout time.Duration // for a process to drain when stopped (default DefaultDrainTimeout)
 	StopTimeout  time.Duration // for a drained process to exit before SIGKILL (default DefaultStopTimeout)
 	Backoff      BackoffPolicy
+
+	// CallTimeout bounds each Ready and Metrics call to a process (default DefaultCallTimeout):
+	// readiness and the merged metrics never wait longer on a hung one.
+	CallTimeout time.Duration
+	// HealthInterval is how often each running process is asked whether it is ready (default
+	// DefaultHealthInterval); one that misses HungAfter of these calls in a row (default 3)
+	// is hung: it is drained, killed and started again, as a restart command does.
+	HealthInterval time.Duration
+	HungAfter      int
 }
 
 // Defaults of Options' timeouts.
 const (
-	DefaultReadyTimeout = 30 * time.Second
-	DefaultDrainTimeout = 5 * time.Second
-	DefaultStopTimeout  = 5 * time.Second
+	DefaultReadyTimeout   = 30 * time.Second
+	DefaultDrainTimeout   = 5 * time.Second
+	DefaultStopTimeout    = 5 * time.Second
+	DefaultCallTimeout    = 2 * time.Second
+	DefaultHealthInterval = 5 * time.Second
 )
 
 // BackoffPolicy is how soon a child that exited is started again.
@@ -92,6 +103,11 @@ func (o *Options) setDefaults() {
 	def(&o.ReadyTimeout, DefaultReadyTimeout)
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.StopTimeout, DefaultStopTimeout)
+	def(&o.CallTimeout, DefaultCallTimeout)
+	def(&o.HealthInterval, DefaultHealthInterval)
+	if o.HungAfter == 0 {
+		o.HungAfter = 3
+	}
 	def(&o.Backoff.Initial, 50*time.Millisecond)
 	def(&o.Backoff.Max, 30*time.Second)
 	def(&o.Backoff.StableAfter, 10*time.Second)
@@ -119,6 +135,7 @@ type Supervisor struct {
 
 	restarts *prometheus.CounterVec
 	state    *prometheus.GaugeVec
+	missed   *prometheus.CounterVec
 	hashes   binaryHashes
 
 	// hard ends every drain and stop deadline at once: a second SIGTERM.
@@ -154,9 +171,12 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "agentd_child_state", Help: "1 for the state each child is in, 0 for the others.",
 		}, []string{"child", "state"}),
+		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_child_calls_missed_total", Help: "Calls to a child (ready, metrics, health) that got no answer in time.",
+		}, []string{"child", "call"}),
 	}
 	if opts.Metrics != nil {
-		for _, c := range []prometheus.Collector{s.restarts, s.state} {
+		for _, c := range []prometheus.Collector{s.restarts, s.state, s.missed} {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("register supervisor metrics: %w", err)
 			}
@@ -258,7 +278,7 @@ func (s *Supervisor) awaitReady(ctx context.Context, c *child) {
 		c.mu.Lock()
 		inst := c.inst
 		c.mu.Unlock()
-		if inst != nil && inst.Ready(ctx) == nil {
+		if inst != nil && s.ready(ctx, c, inst, "ready") == nil {
 			c.log.Info("ready", "pid", inst.Pid())
 			return
 		}
@@ -287,10 +307,17 @@ func (s *Supervisor) Statuses() []Status {
 	return out
 }
 
-// Ready returns nil when every child runs and says it is ready, or the first reason not.
+// Ready returns nil when every child runs and says it is ready, or the first reason not, in
+// the children's order. The children are asked side by side, each within CallTimeout.
 func (s *Supervisor) Ready(ctx context.Context) error {
-	for _, c := range s.children {
-		if err := s.childReady(ctx, c); err != nil {
+	errs := make([]error, len(s.children))
+	var wg sync.WaitGroup
+	for i, c := range s.children {
+		wg.Go(func() { errs[i] = s.childReady(ctx, c) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			return err
 		}
 	}
@@ -307,16 +334,41 @@ func (s *Supervisor) childReady(ctx context.Context, c *child) error {
 		}
 		return fmt.Errorf("%s is %s", c.Name, st)
 	}
-	if err := inst.Ready(ctx); err != nil {
+	if err := s.ready(ctx, c, inst, "ready"); err != nil {
 		return fmt.Errorf("%s is not ready: %w", c.Name, err)
 	}
 	return nil
 }
 
-// Metrics returns the metrics of each running child, by name; a child that cannot answer is
-// left out and its error returned beside.
+// errNoAnswer is a call to a child that got no answer within CallTimeout.
+var errNoAnswer = errors.New("no answer")
+
+// ready asks inst whether it is ready, within CallTimeout; a call cut short by that deadline
+// (not by ctx) is a missed call, counted under call.
+func (s *Supervisor) ready(ctx context.Context, c *child, inst Instance, call string) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+	defer cancel()
+	err := inst.Ready(cctx)
+	return s.missedCall(ctx, cctx, c, inst, call, err)
+}
+
+// missedCall turns err, the result of a call made with cctx (ctx with CallTimeout), into
+// errNoAnswer when CallTimeout cut the call short, and counts it.
+func (s *Supervisor) missedCall(ctx, cctx context.Context, c *child, inst Instance, call string, err error) error {
+	if err == nil || ctx.Err() != nil || cctx.Err() == nil {
+		return err
+	}
+	s.missed.WithLabelValues(c.Name, call).Inc()
+	return fmt.Errorf("%w within %v (pid %d hung?)", errNoAnswer, s.opts.CallTimeout, inst.Pid())
+}
+
+// Metrics returns the metrics of each running child, by name; a child that cannot answer, or
+// not within CallTimeout, is left out and its error returned beside. The children are asked
+// side by side.
 func (s *Supervisor) Metrics(ctx context.Context) (map[string][]byte, map[string]error) {
 	texts, errs := map[string][]byte{}, map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, c := range s.children {
 		c.mu.Lock()
 		inst := c.inst
@@ -325,13 +377,21 @@ func (s *Supervisor) Metrics(ctx context.Context) (map[string][]byte, map[string
 			errs[c.Name] = fmt.Errorf("%s is not running", c.Name)
 			continue
 		}
-		text, err := inst.Metrics(ctx)
-		if err != nil {
-			errs[c.Name] = err
-			continue
-		}
-		texts[c.Name] = text
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+			defer cancel()
+			text, err := inst.Metrics(cctx)
+			err = s.missedCall(ctx, cctx, c, inst, "metrics", err)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs[c.Name] = fmt.Errorf("metrics of %s: %w", c.Name, err)
+				return
+			}
+			texts[c.Name] = text
+		})
 	}
+	wg.Wait()
 	return texts, errs
 }
 

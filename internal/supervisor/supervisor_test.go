@@ -283,6 +283,69 @@ func openFDCount(t *testing.T) int {
 	return len(entries)
 }
 
+// TestHungChildIsReplaced: a child stopped dead (SIGSTOP: it holds its connections, answers
+// nothing) makes readiness fail with the reason and is left out of the metrics, both in
+// bounded time, and is then drained, killed and started again, while the other child is
+// left alone. Default options: a hung child is replaced within a few health intervals.
+func TestHungChildIsReplaced(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper"), child(f, "b", "helper")}
+	})
+	a, b := f.waitRunning("a"), f.waitRunning("b")
+	if err := syscall.Kill(a.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(a.Pid, syscall.SIGCONT)
+
+	ready := make(chan error, 1)
+	go func() { ready <- f.sup.Ready(context.Background()) }()
+	select {
+	case err := <-ready:
+		if err == nil || !strings.Contains(err.Error(), "a is not ready") {
+			t.Errorf("Ready with a hung = %v, want a not ready", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ready still waiting on the hung child after 10 s")
+	}
+	type metrics struct {
+		texts map[string][]byte
+		errs  map[string]error
+	}
+	mc := make(chan metrics, 1)
+	go func() { t, e := f.sup.Metrics(context.Background()); mc <- metrics{t, e} }()
+	select {
+	case m := <-mc:
+		if _, ok := m.texts["b"]; m.errs["a"] == nil || !ok {
+			t.Errorf("Metrics with a hung: texts of %v, errors %v; want b's text and a's error", keys(m.texts), m.errs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Metrics still waiting on the hung child after 10 s")
+	}
+
+	deadline := time.Now().Add(45 * time.Second)
+	for s := f.status("a"); s.Pid == a.Pid || s.State != supervisor.Running; s = f.status("a") {
+		if time.Now().After(deadline) {
+			t.Fatalf("hung child not replaced after 45 s: %+v", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.waitFor("the hung pid gone", func() bool { return !alive(a.Pid) })
+	if err := f.sup.Ready(context.Background()); err != nil {
+		t.Errorf("Ready after the replacement: %v", err)
+	}
+	if s := f.status("b"); s.Pid != b.Pid {
+		t.Errorf("b was restarted too: pid %d, want %d", s.Pid, b.Pid)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
 func TestCrashLoopLeavesOthersRunning(t *testing.T) {
 	opts := supervisor.Options{Backoff: supervisor.BackoffPolicy{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, CrashLoopAfter: 3}}
 	f := start(t, opts, func(f *fixture) []supervisor.Child {
