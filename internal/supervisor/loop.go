@@ -190,7 +190,7 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 
 // watchHealth asks inst whether it is ready every HealthInterval, each call within
 // CallTimeout. After HungAfter calls in a row without an answer (an answer "not ready" is an
-// answer), it sends the last error on hung and stops. unwatch stops it and waits for it.
+// answer) from a process that answered before, it sends the last error on hung and stops. unwatch stops it and waits for it.
 func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (hung <-chan error, unwatch func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	out := make(chan error, 1)
@@ -199,7 +199,8 @@ func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (
 		defer close(done)
 		tick := time.NewTicker(s.opts.HealthInterval)
 		defer tick.Stop()
-		missed := 0
+		// A process that never answered yet is starting (slowly): not hung.
+		answered, missed := false, 0
 		for {
 			select {
 			case <-ctx.Done():
@@ -210,10 +211,10 @@ func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (
 			}
 			err := s.ready(ctx, c, inst, "health")
 			if !errors.Is(err, errNoAnswer) {
-				missed = 0
+				answered, missed = true, 0
 				continue
 			}
-			if missed++; missed >= s.opts.HungAfter {
+			if missed++; answered && missed >= s.opts.HungAfter {
 				out <- fmt.Errorf("%d health checks in a row got %w", missed, err)
 				return
 			}
