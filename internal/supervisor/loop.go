@@ -190,7 +190,8 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 
 // watchHealth asks inst whether it is ready every HealthInterval, each call within
 // CallTimeout. After HungAfter calls in a row without an answer (an answer "not ready" is an
-// answer) from a process that answered before, it sends the last error on hung and stops. unwatch stops it and waits for it.
+// answer) from a process that answered before, or is past its ReadyTimeout, it sends the last
+// error on hung and stops. unwatch stops it and waits for it.
 func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (hung <-chan error, unwatch func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	out := make(chan error, 1)
@@ -199,8 +200,9 @@ func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (
 		defer close(done)
 		tick := time.NewTicker(s.opts.HealthInterval)
 		defer tick.Stop()
-		// A process that never answered yet is starting (slowly): not hung.
-		answered, missed := false, 0
+		// A process that never answered yet may be starting slowly: it is hung only once past
+		// its ReadyTimeout.
+		started, missed := time.Now(), 0
 		for {
 			select {
 			case <-ctx.Done():
@@ -211,10 +213,13 @@ func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (
 			}
 			err := s.ready(ctx, c, inst, "health")
 			if !errors.Is(err, errNoAnswer) {
-				answered, missed = true, 0
+				missed = 0
 				continue
 			}
-			if missed++; answered && missed >= s.opts.HungAfter {
+			c.mu.Lock()
+			answered := c.answered == inst
+			c.mu.Unlock()
+			if missed++; missed >= s.opts.HungAfter && (answered || time.Since(started) > c.ReadyTimeout) {
 				out <- fmt.Errorf("%d health checks in a row got %w", missed, err)
 				return
 			}

@@ -153,7 +153,8 @@ type child struct {
 	status   Status
 	inst     Instance
 	lastErr  error
-	failures int // exits in a row without a stable run
+	failures int      // exits in a row without a stable run
+	answered Instance // the last process that answered a Ready call (see watchHealth)
 }
 
 // New returns a supervisor for children, which start in that order.
@@ -348,8 +349,13 @@ var errNoAnswer = errors.New("no answer")
 func (s *Supervisor) ready(ctx context.Context, c *child, inst Instance, call string) error {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
 	defer cancel()
-	err := inst.Ready(cctx)
-	return s.missedCall(ctx, cctx, c, inst, call, err)
+	err := s.missedCall(ctx, cctx, c, inst, call, inst.Ready(cctx))
+	if ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
+		c.mu.Lock()
+		c.answered = inst
+		c.mu.Unlock()
+	}
+	return err
 }
 
 // missedCall turns err, the result of a call made with cctx (ctx with CallTimeout), into

@@ -292,6 +292,7 @@ func TestHungChildIsReplaced(t *testing.T) {
 		return []supervisor.Child{child(f, "a", "helper"), child(f, "b", "helper")}
 	})
 	a, b := f.waitRunning("a"), f.waitRunning("b")
+	f.waitFor("both ready", func() bool { return f.sup.Ready(context.Background()) == nil })
 	if err := syscall.Kill(a.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
