@@ -152,7 +152,7 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Listener) {
 	started := make(chan struct{})
 	srv := &dns.Server{
-		Listener:          l,
+		Listener:          backoffListener{Listener: l, sleep: time.Sleep},
 		NotifyStartedFunc: func() { close(started) },
 		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
 			if _, err := w.Write(s.reply(work, req, true)); err != nil {
