@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/agentd/agentd/internal/peercred"
 )
 
 // Helper is one running helper: what a helper binary builds from its Env and hands to Serve.
@@ -68,6 +70,22 @@ func (e *Env) Listener(name string) (net.Listener, error) {
 		return nil, fmt.Errorf("inherited socket %q: %w", name, err)
 	}
 	return l, nil
+}
+
+// OwnerListener returns the inherited Unix stream socket with that name, refusing clients of
+// other users than root and the helper's own (peercred): for a socket whose file mode must
+// stay open to all, as Istio's SDS socket is.
+func (e *Env) OwnerListener(name string) (net.Listener, error) {
+	l, err := e.Listener(name)
+	if err != nil {
+		return nil, err
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("inherited socket %q is not a Unix socket", name)
+	}
+	return peercred.OwnerOnly(ul), nil
 }
 
 // PacketConn returns the inherited datagram socket (UDP) with that name.

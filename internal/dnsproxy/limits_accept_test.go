@@ -35,7 +35,9 @@ func (l *exhaustedListener) Close() error {
 	return nil
 }
 
-func (l *exhaustedListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53} }
+func (l *exhaustedListener) Addr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53}
+}
 
 // TestAcceptBacksOffWhenOutOfFDs: out of file descriptors, the TCP server waits between
 // accepts instead of spinning on a core; it still stops when asked.

@@ -37,7 +37,9 @@ func New(env *component.Env) (component.Helper, error) {
 	if c.GetFilesOnly() {
 		socket = agentv1.SocketSDSFiles
 	}
-	l, err := env.Listener(socket)
+	// Envoy, agentd's child, runs as agentd's user: nobody else gets the workload's key,
+	// whatever the socket's mode (0666, as Istio's).
+	l, err := env.OwnerListener(socket)
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -88,4 +92,68 @@ func TestStatusPortFloodAtFDLimit(t *testing.T) {
 	if code, _ := statusGet(port, "/healthz/ready"); code != http.StatusOK {
 		t.Errorf("readiness after the flood = %d, want 200", code)
 	}
+}
+
+// TestSDSSocketOwnerOnly: the SDS socket agentd creates is 0666, as Istio's, under directories
+// others may enter (deploy/systemd's are 0755); a client of another user is closed on at
+// once, without the workload's key, while agentd's own user (Envoy's) is served.
+func TestSDSSocketOwnerOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to connect as another user")
+	}
+	a := startAgentd(t, nil, "--disable-envoy")
+	a.WaitReady()
+	sock := sdsSocket(a)
+	for d := filepath.Dir(sock); len(d) > 1; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil && !errors.Is(err, os.ErrPermission) {
+			t.Fatal(err)
+		}
+		if d == filepath.Dir(a.Root) {
+			break
+		}
+	}
+	for _, tt := range []struct {
+		uid    int
+		served bool
+	}{{65534, false}, {os.Geteuid(), true}} {
+		// A gRPC server speaks first: its HTTP/2 SETTINGS frame.
+		n, err := firstBytesAs(tt.uid, sock)
+		if err != nil {
+			t.Fatalf("client as uid %d: %v", tt.uid, err)
+		}
+		if served := n > 0; served != tt.served {
+			t.Errorf("client as uid %d got %d bytes from the SDS socket, want served=%v", tt.uid, n, tt.served)
+		}
+	}
+}
+
+// firstBytesAs connects to a Unix socket from a thread running as uid (a raw setresuid: this
+// thread only, which ends with its goroutine) and counts what the server sends within 3 s.
+func firstBytesAs(uid int, path string) (int, error) {
+	type result struct {
+		n   int
+		err error
+	}
+	rc := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread goes away with this user
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), 0); e != 0 {
+			rc <- result{err: e}
+			return
+		}
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			rc <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := c.Read(make([]byte, 64))
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, os.ErrDeadlineExceeded) {
+			err = nil
+		}
+		rc <- result{n, err}
+	}()
+	r := <-rc
+	return r.n, r.err
 }
