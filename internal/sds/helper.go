@@ -76,6 +76,15 @@ func CAClient(c *agentv1.SDSConfig, root string, onRetry func(error)) (*caclient
 	})
 }
 
+// Validate reports what in c sds-server refuses at start (ECC_SIGNATURE_ALGORITHM other than
+// ECDSA, ECC_CURVE other than P256 or P384, SECRET_GRACE_PERIOD_RATIO outside [0, 1]): agentd
+// calls it at its own start, where a bad setting is one clear error, not a helper that
+// crash-loops.
+func Validate(c *agentv1.SDSConfig) error {
+	_, err := ServerOptions(c, "")
+	return err
+}
+
 // ServerOptions turns the helper's configuration into the server's (without the CA client).
 func ServerOptions(c *agentv1.SDSConfig, root string) (Options, error) {
 	o := Options{
