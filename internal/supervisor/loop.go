@@ -69,7 +69,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 		c.failures++
 		n := c.failures
 		c.mu.Unlock()
-		wait := s.opts.Backoff.delay(n)
+		wait := s.opts.Backoff.delayFor(n, len(c.Sockets) > 0)
 		st := Backoff
 		if n >= s.opts.Backoff.CrashLoopAfter {
 			st = CrashLoop

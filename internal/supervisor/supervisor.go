@@ -74,12 +74,19 @@ type BackoffPolicy struct {
 	Max            time.Duration // cap (default 30 s)
 	StableAfter    time.Duration // a run this long resets the delay (default 10 s)
 	CrashLoopAfter int           // exits in a row, each before StableAfter, that make a crash loop (default 5)
+	// MaxQueued caps the delay of a child that serves sockets (default 2 s): its clients wait
+	// in the sockets' queues meanwhile, and a DNS resolver waits 5 s for an answer (glibc's
+	// default), so a longer delay turns queued queries into lost ones.
+	MaxQueued time.Duration
 }
 
 // delay is the wait before restart number n (1-based) of a run of failures: none for the first
 // (a helper that was fine and crashed once is back at once), then exponential from Initial,
 // capped, with ±20% jitter so that children failing together do not restart in lockstep.
-func (b BackoffPolicy) delay(n int) time.Duration {
+func (b BackoffPolicy) delay(n int) time.Duration { return b.delayFor(n, false) }
+
+// delayFor is delay, capped by MaxQueued when clients are queued on the child's sockets.
+func (b BackoffPolicy) delayFor(n int, queued bool) time.Duration {
 	if n <= 1 {
 		return 0
 	}
@@ -88,6 +95,9 @@ func (b BackoffPolicy) delay(n int) time.Duration {
 		d *= 2
 	}
 	d = min(d, b.Max)
+	if queued {
+		d = min(d, b.MaxQueued)
+	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
@@ -111,6 +121,7 @@ func (o *Options) setDefaults() {
 	def(&o.Backoff.Initial, 50*time.Millisecond)
 	def(&o.Backoff.Max, 30*time.Second)
 	def(&o.Backoff.StableAfter, 10*time.Second)
+	def(&o.Backoff.MaxQueued, 2*time.Second)
 	if o.Backoff.CrashLoopAfter == 0 {
 		o.Backoff.CrashLoopAfter = 5
 	}

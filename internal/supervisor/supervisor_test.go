@@ -384,6 +384,21 @@ func TestBackoffGrowsAndResets(t *testing.T) {
 	}
 }
 
+// TestBackoffOfQueuedClients: a child serving sockets is never kept down longer than
+// MaxQueued, however long its run of exits: its clients wait in the sockets' queues, and a
+// resolver gives up after 5 s.
+func TestBackoffOfQueuedClients(t *testing.T) {
+	p := supervisor.BackoffPolicy{Initial: 100 * time.Millisecond, Max: 30 * time.Second, MaxQueued: 2 * time.Second}
+	for n := 1; n <= 50; n++ {
+		if got := supervisor.DelayQueued(p, n); got > 2400*time.Millisecond {
+			t.Fatalf("delay(%d) of a child with sockets = %v, want at most 2 s +20%%", n, got)
+		}
+	}
+	if got := supervisor.Delay(p, 10); got < 20*time.Second {
+		t.Errorf("delay(10) of a child without sockets = %v, want the full backoff (about 26 s)", got)
+	}
+}
+
 func TestStopInReverseOrderWithinDeadlines(t *testing.T) {
 	opts := supervisor.Options{DrainTimeout: 300 * time.Millisecond, StopTimeout: 300 * time.Millisecond}
 	f := start(t, opts, func(f *fixture) []supervisor.Child {
