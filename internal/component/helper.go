@@ -101,6 +101,11 @@ func (e *Env) PacketConn(name string) (net.PacketConn, error) {
 	return pc, nil
 }
 
+// State is memory agentd keeps for this helper across its processes, a memfd the helper
+// sizes and maps: what one process left there, the next finds after a crash or a kill -9.
+// Nil when agentd handed none down.
+func (e *Env) State() *os.File { return e.files[StateFileName] }
+
 // HasSocket reports whether agentd handed down a socket with that name.
 func (e *Env) HasSocket(name string) bool {
 	_, ok := e.files[name]

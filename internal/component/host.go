@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,10 @@ import (
 	"github.com/agentd/agentd/internal/proc"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
+
+// StateFileName is the LISTEN_FDNAMES name of the memory agentd keeps for a helper across
+// its processes (Env.State).
+const StateFileName = "agentd-state"
 
 // Spec is how agentd starts one process of a helper.
 type Spec struct {
@@ -67,6 +72,10 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 		SkipHostEnv:      true,
 		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
 			var err error
+			if state := proc.State(ctx); state != nil {
+				s.Files = append(slices.Clip(s.Files), state)
+				s.Sockets = append(slices.Clip(s.Sockets), StateFileName)
+			}
 			pr, err = newProcRunner(s, spec.Env, proc.Executable(ctx))
 			return pr, err
 		},

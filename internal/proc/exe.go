@@ -7,7 +7,22 @@ import (
 	"os/exec"
 )
 
-type exeKey struct{}
+type (
+	exeKey   struct{}
+	stateKey struct{}
+)
+
+// WithState returns a context that carries state, memory that outlives each process of a
+// child (a memfd agentd holds): a process started for that context inherits it.
+func WithState(ctx context.Context, state *os.File) context.Context {
+	return context.WithValue(ctx, stateKey{}, state)
+}
+
+// State is the file WithState put in ctx, or nil.
+func State(ctx context.Context) *os.File {
+	f, _ := ctx.Value(stateKey{}).(*os.File)
+	return f
+}
 
 // WithExecutable returns a context that carries exe, an open executable file: a process
 // started for that context runs that very file (UseExecutable), whatever file its path names

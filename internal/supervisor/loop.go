@@ -277,7 +277,7 @@ func (s *Supervisor) launch(ctx context.Context, c *child, binary string, verifi
 		sum, err := s.hashes.fileSum(exe, id)
 		hc <- hashed{sum, err}
 	}()
-	inst, err := c.Launch(proc.WithExecutable(ctx, exe), binary, c.files)
+	inst, err := c.Launch(proc.WithState(proc.WithExecutable(ctx, exe), c.state), binary, c.files)
 	h := <-hc
 	if err != nil {
 		return nil, "", err

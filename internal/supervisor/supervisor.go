@@ -158,6 +158,7 @@ type child struct {
 	Child
 	log   hclog.Logger
 	files []*os.File
+	state *os.File // memory that outlives the child's processes (proc.WithState)
 	cmds  chan command
 
 	mu       sync.Mutex
