@@ -147,7 +147,7 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 			c.mu.Lock()
 			c.lastErr = fmt.Errorf("pid %d hung: %w", inst.Pid(), err)
 			c.mu.Unlock()
-			s.stop(c, inst)
+			s.stopWithin(c, inst, s.opts.CallTimeout)
 			return true
 		case <-inst.Exited():
 			err := inst.Err()
@@ -341,7 +341,11 @@ func (s *Supervisor) waitReady(ctx context.Context, inst Instance, timeout time.
 
 // stop drains a process, then stops it, each within its deadline; a second SIGTERM (Kill)
 // ends both deadlines at once.
-func (s *Supervisor) stop(c *child, inst Instance) {
+func (s *Supervisor) stop(c *child, inst Instance) { s.stopWithin(c, inst, c.DrainTimeout) }
+
+// stopWithin is stop with a drain deadline of drain: a hung process is asked to drain for as
+// long as it had to answer a call, since it answers none.
+func (s *Supervisor) stopWithin(c *child, inst Instance, drain time.Duration) {
 	c.mu.Lock()
 	current := c.inst == inst
 	c.mu.Unlock()
@@ -349,7 +353,7 @@ func (s *Supervisor) stop(c *child, inst Instance) {
 		s.setState(c, Draining)
 	}
 	c.log.Info("draining", "pid", inst.Pid())
-	dctx, cancel := context.WithTimeout(s.hard, c.DrainTimeout)
+	dctx, cancel := context.WithTimeout(s.hard, drain)
 	if err := inst.Drain(dctx); err != nil {
 		c.log.Warn("drain did not finish", "pid", inst.Pid(), "error", err)
 	}
