@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -460,6 +461,10 @@ func (p *kubeletProbe) check() {
 // waitSettled waits until agentd is ready with every child running.
 func (c *chaosTree) waitSettled(t *testing.T) {
 	t.Helper()
+	// The same pids for half a second: a process killed a moment ago may still look alive
+	// (exiting, not yet a zombie) and agentd not have seen it exit.
+	var last map[string]int
+	var since time.Time
 	waitFor(t, "every child running and agentd ready", func() bool {
 		st, err := c.Status()
 		if err != nil || !st.Ready || len(st.Children) != len(c.children) {
@@ -471,7 +476,11 @@ func (c *chaosTree) waitSettled(t *testing.T) {
 				return false
 			}
 		}
-		return true
+		if pids := childPids(t, st); !maps.Equal(pids, last) {
+			last, since = pids, time.Now()
+			return false
+		}
+		return time.Since(since) >= 500*time.Millisecond
 	})
 }
 
