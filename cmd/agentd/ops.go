@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -78,13 +79,18 @@ func swapCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return fmt.Errorf("swap needs the child's name")
 			}
-			err := controlClient(c).Swap(c.Context, control.SwapRequest{
-				Name: c.Args().First(), Binary: c.String("binary"), SHA256: c.String("sha256"), Timeout: c.Duration("timeout"),
+			// agentd's working directory is not this one: it refuses relative paths.
+			binary, err := filepath.Abs(c.String("binary"))
+			if err != nil {
+				return fmt.Errorf("not swapped: %w", err)
+			}
+			err = controlClient(c).Swap(c.Context, control.SwapRequest{
+				Name: c.Args().First(), Binary: binary, SHA256: c.String("sha256"), Timeout: c.Duration("timeout"),
 			})
 			if err != nil {
 				return fmt.Errorf("not swapped: %w", err)
 			}
-			fmt.Printf("swapped %s to %s\n", c.Args().First(), c.String("binary"))
+			fmt.Printf("swapped %s to %s\n", c.Args().First(), binary)
 			return nil
 		},
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/agentd/agentd/internal/peercred"
 )
 
 // Helper is one running helper: what a helper binary builds from its Env and hands to Serve.
@@ -70,6 +72,22 @@ func (e *Env) Listener(name string) (net.Listener, error) {
 	return l, nil
 }
 
+// OwnerListener returns the inherited Unix stream socket with that name, refusing clients of
+// other users than root and the helper's own (peercred): for a socket whose file mode must
+// stay open to all, as Istio's SDS socket is.
+func (e *Env) OwnerListener(name string) (net.Listener, error) {
+	l, err := e.Listener(name)
+	if err != nil {
+		return nil, err
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("inherited socket %q is not a Unix socket", name)
+	}
+	return peercred.OwnerOnly(ul), nil
+}
+
 // PacketConn returns the inherited datagram socket (UDP) with that name.
 func (e *Env) PacketConn(name string) (net.PacketConn, error) {
 	f, err := e.file(name)
@@ -82,6 +100,11 @@ func (e *Env) PacketConn(name string) (net.PacketConn, error) {
 	}
 	return pc, nil
 }
+
+// State is memory agentd keeps for this helper across its processes, a memfd the helper
+// sizes and maps: what one process left there, the next finds after a crash or a kill -9.
+// Nil when agentd handed none down.
+func (e *Env) State() *os.File { return e.files[StateFileName] }
 
 // HasSocket reports whether agentd handed down a socket with that name.
 func (e *Env) HasSocket(name string) bool {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,10 @@ import (
 	"github.com/agentd/agentd/internal/proc"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
+
+// StateFileName is the LISTEN_FDNAMES name of the memory agentd keeps for a helper across
+// its processes (Env.State).
+const StateFileName = "agentd-state"
 
 // Spec is how agentd starts one process of a helper.
 type Spec struct {
@@ -67,7 +72,11 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 		SkipHostEnv:      true,
 		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
 			var err error
-			pr, err = newProcRunner(s, spec.Env)
+			if state := proc.State(ctx); state != nil {
+				s.Files = append(slices.Clip(s.Files), state)
+				s.Sockets = append(slices.Clip(s.Sockets), StateFileName)
+			}
+			pr, err = newProcRunner(s, spec.Env, proc.Executable(ctx))
 			return pr, err
 		},
 	})
@@ -200,7 +209,9 @@ type procRunner struct {
 	stderr io.ReadCloser
 }
 
-func newProcRunner(s Spec, pluginEnv []string) (*procRunner, error) {
+// newProcRunner prepares the helper's command: exe, when set, is the open binary file to run
+// (the one agentd verified), s.Binary only its name.
+func newProcRunner(s Spec, pluginEnv []string, exe *os.File) (*procRunner, error) {
 	cmd := exec.Command(s.Binary)
 	cmd.Env = append(append([]string{}, s.Env...), pluginEnv...)
 	if len(s.Files) > 0 {
@@ -209,6 +220,7 @@ func newProcRunner(s Spec, pluginEnv []string) (*procRunner, error) {
 			"LISTEN_FDS="+strconv.Itoa(len(s.Files)),
 			"LISTEN_FDNAMES="+strings.Join(s.Sockets, ":"))
 	}
+	proc.UseExecutable(cmd, exe)
 	cmd.Dir = s.Root
 	// Plain pipes rather than cmd.StdoutPipe: os/exec closes those when the process is waited
 	// for, which would lose the last lines a crashing helper wrote.
@@ -255,7 +267,7 @@ func (r *procRunner) Kill(context.Context) error {
 }
 
 func (r *procRunner) Diagnose(context.Context) string {
-	return fmt.Sprintf("is %s an agentd helper binary built for this machine, and executable?", r.cmd.Path)
+	return fmt.Sprintf("is %s an agentd helper binary built for this machine, and executable?", r.cmd.Args[0])
 }
 
 func (r *procRunner) Stdout() io.ReadCloser { return r.stdout }

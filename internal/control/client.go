@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,13 +10,25 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
-// Client talks to a running agentd's control socket.
+// Client talks to a running agentd's control socket. Each request ends by itself: an agentd
+// that does not answer (hung, or out of file descriptors) makes a command fail, not hang.
 type Client struct {
 	path string
 	http *http.Client
+	// Timeout bounds each request (default DefaultTimeout); a swap gets its own ready timeout
+	// on top, a restart RestartTimeout.
+	Timeout time.Duration
 }
+
+// Request deadlines of the control client.
+const (
+	DefaultTimeout = 10 * time.Second
+	// RestartTimeout covers a drain and a stop (each at most a few seconds) and a start.
+	RestartTimeout = time.Minute
+)
 
 // NewClient returns a client of the control socket at path.
 func NewClient(path string) *Client {
@@ -32,7 +45,7 @@ func NewClient(path string) *Client {
 // Status returns agentd's readiness and its children.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var st Status
-	body, err := c.do(ctx, http.MethodGet, "/v1/status", nil)
+	body, err := c.do(ctx, 0, http.MethodGet, "/v1/status", nil)
 	if err != nil {
 		return st, err
 	}
@@ -44,24 +57,30 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 
 // Restart restarts a child.
 func (c *Client) Restart(ctx context.Context, name string) error {
-	_, err := c.do(ctx, http.MethodPost, "/v1/restart/"+name, nil)
+	_, err := c.do(ctx, RestartTimeout, http.MethodPost, "/v1/restart/"+name, nil)
 	return err
 }
 
 // Swap replaces a child's binary.
 func (c *Client) Swap(ctx context.Context, req SwapRequest) error {
 	body, _ := json.Marshal(req)
-	_, err := c.do(ctx, http.MethodPost, "/v1/swap", body)
+	_, err := c.do(ctx, RestartTimeout+req.Timeout, http.MethodPost, "/v1/swap", body)
 	return err
 }
 
 // Publish publishes a payload (protojson of a google.protobuf.Any) on a bus topic.
 func (c *Client) Publish(ctx context.Context, topic string, anyJSON []byte) error {
-	_, err := c.do(ctx, http.MethodPost, "/v1/publish/"+topic, anyJSON)
+	_, err := c.do(ctx, 0, http.MethodPost, "/v1/publish/"+topic, anyJSON)
 	return err
 }
 
-func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+// do sends one request, within timeout (zero: c.Timeout, or DefaultTimeout).
+func (c *Client) do(ctx context.Context, timeout time.Duration, method, path string, body []byte) ([]byte, error) {
+	if timeout == 0 {
+		timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, "http://agentd"+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err

@@ -14,10 +14,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/agentd/agentd/internal/peercred"
 	"github.com/agentd/agentd/internal/supervisor"
 )
 
@@ -68,42 +68,10 @@ func Serve(ctx context.Context, path string, b Backend) error {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.Serve(ownerOnly{l.(*net.UnixListener)}); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(peercred.OwnerOnly(l.(*net.UnixListener))); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	return nil
-}
-
-// ownerOnly refuses clients that are neither root nor agentd's own user. The file mode already
-// says so; the peer credentials hold even where the mode cannot (a socket passed on, a chmod).
-type ownerOnly struct{ *net.UnixListener }
-
-func (l ownerOnly) Accept() (net.Conn, error) {
-	for {
-		c, err := l.AcceptUnix()
-		if err != nil {
-			return nil, err
-		}
-		if allowed(c) {
-			return c, nil
-		}
-		c.Close()
-	}
-}
-
-func allowed(c *net.UnixConn) bool {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil || cerr != nil {
-		return false
-	}
-	return cred.Uid == 0 || int(cred.Uid) == os.Geteuid()
 }
 
 func handler(b Backend) http.Handler {

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -74,5 +75,45 @@ func TestNoConnectionLeftBehind(t *testing.T) {
 	}
 	if err := NewClient(path).Restart(ctx, "nobody"); err == nil {
 		t.Error("restart of an unknown child: no error")
+	}
+}
+
+// TestClientDoesNotHang: an agentd that accepts the connection and never answers (hung, or
+// out of file descriptors with the client in its queue) makes the command fail in time.
+func TestClientDoesNotHang(t *testing.T) {
+	path := filepath.Join(t.TempDir(), SocketName)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		select {
+		case c := <-accepted:
+			c.Close()
+		default:
+		}
+	}()
+	c := NewClient(path)
+	c.Timeout = 300 * time.Millisecond
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Status(context.Background())
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("Status from an agentd that never answered: no error")
+		}
+	case <-time.After(10 * time.Second):
+		l.Close()
+		t.Fatal("Status still waiting after 10 s on an agentd that never answers")
 	}
 }

@@ -1,6 +1,7 @@
 package devplane
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -23,7 +24,7 @@ func FuzzParseServices(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, s := range services {
-			if s.Hostname == "" || len(s.Ports) == 0 || seen[s.Hostname] {
+			if s.Hostname == "" || len(s.Ports) == 0 || seen[s.Hostname] || strings.ContainsAny(s.Hostname, "* \t") {
 				t.Fatalf("accepted service %+v (seen before: %v)", s, seen[s.Hostname])
 			}
 			seen[s.Hostname] = true

@@ -60,6 +60,13 @@ func TestParseServicesErrors(t *testing.T) {
 		{"bad endpoint", `services: [{hostname: a, ports: [{port: 1}], endpoints: [{address: x}]}]`, "endpoint"},
 		{"duplicate", `services: [{hostname: a, ports: [{port: 1}]}, {hostname: A, ports: [{port: 1}]}]`, "twice"},
 		{"unknown field", `services: [{hostname: a, prots: []}]`, "unknown field"},
+		{"wildcard hostname", `services: [{hostname: "*", ports: [{port: 1}]}]`, "not a letter"},
+		{"wildcard label", `services: [{hostname: "*.example.com", ports: [{port: 1}]}]`, "not a letter"},
+		{"empty label", `services: [{hostname: "a..b", ports: [{port: 1}]}]`, "empty"},
+		{"space", `services: [{hostname: "a b", ports: [{port: 1}]}]`, "not a letter"},
+		{"hyphen first", `services: [{hostname: "-a.b", ports: [{port: 1}]}]`, "hyphen"},
+		{"long label", `services: [{hostname: "` + strings.Repeat("a", 64) + `.b", ports: [{port: 1}]}]`, "63"},
+		{"bad namespace", `services: [{hostname: a, namespace: "x.y", ports: [{port: 1}]}]`, "namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseServices([]byte(tc.yaml))

@@ -111,6 +111,12 @@ func (s *Service) check() error {
 		return fmt.Errorf("no hostname")
 	}
 	s.Hostname = strings.ToLower(strings.TrimSuffix(s.Hostname, "."))
+	if err := checkHostname(s.Hostname); err != nil {
+		return err
+	}
+	if s.Namespace != "" && (strings.Contains(s.Namespace, ".") || checkHostname(s.Namespace) != nil) {
+		return fmt.Errorf("namespace %q: not a DNS label", s.Namespace)
+	}
 	if s.Registry == "" {
 		s.Registry = registryKubernetes
 	}
@@ -144,6 +150,36 @@ func (s *Service) check() error {
 			if port > 65535 {
 				return fmt.Errorf("endpoint %s: port %d out of range", e.Address, port)
 			}
+		}
+	}
+	return nil
+}
+
+// checkHostname refuses what is not a DNS name of letters, digits and hyphens (RFC 1123): a
+// wildcard, an empty label, a space. devplane serves hostnames to dns-proxy's table as they
+// are, and a "*" there would answer as a name.
+func checkHostname(h string) error {
+	if len(h) > 253 {
+		return fmt.Errorf("hostname %.20q...: longer than 253 characters", h)
+	}
+	for label := range strings.SplitSeq(h, ".") {
+		if err := checkLabel(label); err != nil {
+			return fmt.Errorf("hostname %q: %w", h, err)
+		}
+	}
+	return nil
+}
+
+func checkLabel(l string) error {
+	if l == "" || len(l) > 63 {
+		return fmt.Errorf("label %q: empty or longer than 63 characters", l)
+	}
+	if l[0] == '-' || l[len(l)-1] == '-' {
+		return fmt.Errorf("label %q: starts or ends with a hyphen", l)
+	}
+	for _, c := range []byte(l) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("label %q: %q is not a letter, digit or hyphen", l, c)
 		}
 	}
 	return nil

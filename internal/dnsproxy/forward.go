@@ -21,6 +21,12 @@ const (
 	// udpConnsPerUpstream is how many connected UDP sockets each upstream gets; queries
 	// share them and replies are matched by ID and question.
 	udpConnsPerUpstream = 4
+	// A UDP socket is replaced by a fresh one, on a new random source port, after this many
+	// queries, this long, or a query that timed out on it: an off-path spoofer must guess the
+	// port of a socket that lives briefly as well as the 16-bit ID, not only the ID of one of
+	// four ports fixed for the life of the process. (Istio uses a socket per query.)
+	udpQueriesPerSocket = 16
+	udpSocketLifetime   = 10 * time.Second
 	// maxIdleTCP is how many idle TCP connections each upstream keeps for reuse.
 	maxIdleTCP = 4
 )
@@ -113,11 +119,12 @@ func (f *forwarder) exchangeOne(ctx context.Context, u *upstream, q upstreamQuer
 	if tcp {
 		return u.exchangeTCP(ctx, q)
 	}
-	c, err := u.udpConn(&f.readers)
+	cl := &call{question: q.question, done: make(chan result, 1)}
+	c, id, err := u.udpCall(&f.readers, cl)
 	if err != nil {
 		return nil, err
 	}
-	return c.exchange(ctx, q)
+	return c.exchange(ctx, q, id, cl)
 }
 
 // close closes every upstream socket and waits for the reply readers.
@@ -172,7 +179,9 @@ func (u *upstream) close() {
 	defer u.mu.Unlock()
 	u.closed = true
 	for _, c := range u.udp {
-		c.conn.Close()
+		if c != nil {
+			c.shut()
+		}
 	}
 	for _, c := range u.idle {
 		c.Close()
@@ -182,32 +191,88 @@ func (u *upstream) close() {
 
 var errClosed = errors.New("forwarder closed")
 
-// udpConn returns one of the upstream's UDP sockets, dialing the pool on first use.
-func (u *upstream) udpConn(readers *sync.WaitGroup) (*udpConn, error) {
+// udpCall registers cl on one of the upstream's UDP sockets and returns it with the ID to
+// send, dialing the pool on first use and replacing a socket that has served its share
+// (udpQueriesPerSocket, udpSocketLifetime, a timeout) by a fresh one; the old one closes once
+// its last pending query is done.
+func (u *upstream) udpCall(readers *sync.WaitGroup, cl *call) (*udpConn, uint16, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
-		return nil, errClosed
+		return nil, 0, errClosed
 	}
 	if len(u.udp) == 0 {
-		for range udpConnsPerUpstream {
-			conn, err := net.Dial("udp", u.addr)
-			if err != nil {
-				return nil, fmt.Errorf("dial upstream %s: %w", u.addr, err)
-			}
-			c := &udpConn{conn: conn.(*net.UDPConn), calls: map[uint16]*call{}}
-			u.udp = append(u.udp, c)
-			readers.Go(c.readReplies)
-		}
+		u.udp = make([]*udpConn, udpConnsPerUpstream)
 	}
-	return u.udp[rand.IntN(len(u.udp))], nil
+	i := rand.IntN(len(u.udp))
+	if c := u.udp[i]; c == nil || c.worn() {
+		next, err := u.dialUDP(readers)
+		if err != nil {
+			return nil, 0, err
+		}
+		if c != nil {
+			c.retire()
+		}
+		u.udp[i] = next
+	}
+	c := u.udp[i]
+	id, err := c.register(cl)
+	return c, id, err
+}
+
+func (u *upstream) dialUDP(readers *sync.WaitGroup) (*udpConn, error) {
+	conn, err := net.Dial("udp", u.addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial upstream %s: %w", u.addr, err)
+	}
+	c := &udpConn{conn: conn.(*net.UDPConn), calls: map[uint16]*call{}, born: time.Now()}
+	readers.Go(c.readReplies)
+	return c, nil
 }
 
 // udpConn is a connected UDP socket to one upstream shared by concurrent queries.
 type udpConn struct {
-	conn  *net.UDPConn
-	mu    sync.Mutex
-	calls map[uint16]*call // by the ID sent upstream
+	conn *net.UDPConn
+	born time.Time
+
+	mu       sync.Mutex
+	calls    map[uint16]*call // by the ID sent upstream
+	sent     int              // queries registered
+	timedOut bool             // a query timed out on it
+	retired  bool             // out of the pool: closes when calls is empty
+	closed   bool
+}
+
+// worn tells whether c should be replaced before its next query.
+func (c *udpConn) worn() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent >= udpQueriesPerSocket || c.timedOut || time.Since(c.born) >= udpSocketLifetime
+}
+
+// retire takes c out of service: it closes now, or when its last pending query is done.
+func (c *udpConn) retire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	c.closeIfDone()
+}
+
+// shut closes c at once: its pending queries fail.
+func (c *udpConn) shut() {
+	c.failAll(errClosed)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	c.closeIfDone()
+}
+
+// closeIfDone closes a retired socket that has no query pending; c.mu is held.
+func (c *udpConn) closeIfDone() {
+	if c.retired && len(c.calls) == 0 && !c.closed {
+		c.closed = true
+		c.conn.Close()
+	}
 }
 
 // call is one query waiting for its reply.
@@ -221,12 +286,8 @@ type result struct {
 	err  error
 }
 
-func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) ([]byte, error) {
-	cl := &call{question: q.question, done: make(chan result, 1)}
-	id, err := c.register(cl)
-	if err != nil {
-		return nil, err
-	}
+// exchange sends q with id and waits for the reply to cl, registered under id.
+func (c *udpConn) exchange(ctx context.Context, q upstreamQuery, id uint16, cl *call) ([]byte, error) {
 	defer c.unregister(id, cl)
 	if _, err := c.conn.Write(q.withID(id)); err != nil {
 		return nil, fmt.Errorf("send to upstream %s: %w", c.conn.RemoteAddr(), err)
@@ -235,6 +296,9 @@ func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) ([]byte, error)
 	case r := <-cl.done:
 		return r.wire, r.err
 	case <-ctx.Done():
+		c.mu.Lock()
+		c.timedOut = true
+		c.mu.Unlock()
 		return nil, fmt.Errorf("upstream %s: %w", c.conn.RemoteAddr(), ctx.Err())
 	}
 }
@@ -243,10 +307,14 @@ func (c *udpConn) exchange(ctx context.Context, q upstreamQuery) ([]byte, error)
 func (c *udpConn) register(cl *call) (uint16, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return 0, errClosed
+	}
 	for range 64 {
 		id := uint16(rand.Uint32())
 		if _, taken := c.calls[id]; !taken {
 			c.calls[id] = cl
+			c.sent++
 			return id, nil
 		}
 	}
@@ -258,6 +326,7 @@ func (c *udpConn) unregister(id uint16, cl *call) {
 	if c.calls[id] == cl {
 		delete(c.calls, id)
 	}
+	c.closeIfDone()
 	c.mu.Unlock()
 }
 

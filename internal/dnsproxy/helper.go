@@ -47,7 +47,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Log, cfg.Metrics = env.Log, env.Metrics
+	cfg.Log, cfg.Metrics, cfg.Journal = env.Log, env.Metrics, env.State()
 	udp, tcp, err := inheritedSockets(env)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,10 @@ type Config struct {
 	// MaxInFlight bounds the UDP queries being forwarded at once; more are dropped, and
 	// the client retries. Default 4096.
 	MaxInFlight int
+	// Journal is memory that outlives the process (agentd's memfd for dns-proxy): the UDP
+	// queries read and not yet answered are kept there, and the next process answers those
+	// a killed one left. Nil: no journal.
+	Journal *os.File
 	// Log defaults to a null logger; Metrics to a private registry.
 	Log     hclog.Logger
 	Metrics prometheus.Registerer
@@ -55,6 +60,7 @@ type Server struct {
 	fwd     *forwarder
 	metrics *metrics
 	slots   chan struct{}
+	jr      *journal // set by Serve before its readers start; nil without a journal
 }
 
 // NewServer returns a server with no table: it answers SERVFAIL until SetTable.
@@ -113,7 +119,7 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 			u.close()
 		}
 	}()
-	for _, pc := range udp {
+	for i, pc := range udp {
 		uc, ok := pc.(*net.UDPConn)
 		if !ok {
 			return fmt.Errorf("serve dns: %T is not a UDP socket", pc)
@@ -122,13 +128,33 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 		if err != nil {
 			return err
 		}
+		u.idx = i
 		socks = append(socks, u)
 	}
 	var inflight sync.WaitGroup
+	if s.cfg.Journal != nil && len(socks) > 0 {
+		jr, pending, err := openJournal(s.cfg.Journal, len(socks), s.cfg.UDPReaders)
+		if err != nil {
+			s.log.Warn("serving without a journal: a kill -9 loses the queries in hand", "error", err)
+		} else {
+			s.jr = jr
+			defer jr.close() // after the queries in flight (deferred before)
+		}
+		if len(pending) > 0 {
+			s.log.Info("answering the queries a killed dns-proxy left", "queries", len(pending))
+		}
+		for _, q := range pending {
+			if q.sock < len(socks) {
+				s.goSlow(work, &inflight, socks[q.sock], q.pkt, q.peer)
+			}
+		}
+	}
+	defer inflight.Wait()
 	g, gctx := errgroup.WithContext(ctx)
 	for _, u := range socks {
-		for range s.cfg.UDPReaders {
-			g.Go(func() error { s.readUDP(work, u, &inflight); return nil })
+		for r := range s.cfg.UDPReaders {
+			lane := u.idx*s.cfg.UDPReaders + r
+			g.Go(func() error { s.readUDP(work, u, lane, &inflight); return nil })
 		}
 		g.Go(func() error {
 			<-gctx.Done()
@@ -152,7 +178,7 @@ func (s *Server) Serve(ctx context.Context, udp []net.PacketConn, tcp []net.List
 func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Listener) {
 	started := make(chan struct{})
 	srv := &dns.Server{
-		Listener:          l,
+		Listener:          backoffListener{Listener: l, sleep: time.Sleep},
 		NotifyStartedFunc: func() { close(started) },
 		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
 			if _, err := w.Write(s.reply(work, req, true)); err != nil {
@@ -188,8 +214,11 @@ const (
 // replies in one batch, and hands every other query to a goroutine, until u is stopped.
 // recvmmsg waits in the kernel for the first query and takes the ones queued behind it
 // (udpSocket.read), which costs far less than a round through Go's poller per batch.
-func (s *Server) readUDP(work context.Context, u *udpSocket, inflight *sync.WaitGroup) {
+func (s *Server) readUDP(work context.Context, u *udpSocket, lane int, inflight *sync.WaitGroup) {
 	in := newDatagrams(udpBatch, maxUDPQuery)
+	if s.jr != nil {
+		in = s.jr.batch(lane) // read into the journal: a kill -9 leaves the batch to the next process
+	}
 	out := newDatagrams(udpBatch, 0)
 	replies := make([][]byte, udpBatch) // reused, so that a batch allocates nothing
 	for i := range replies {
@@ -239,10 +268,19 @@ func (s *Server) goSlow(work context.Context, inflight *sync.WaitGroup, u *udpSo
 	default:
 		return
 	}
-	q := append([]byte(nil), pkt...)
+	slot, q := -1, []byte(nil)
+	if s.jr != nil {
+		slot, q = s.jr.hold(u.idx, pkt, &p)
+	}
+	if q == nil {
+		q = append([]byte(nil), pkt...)
+	}
 	inflight.Go(func() {
 		defer func() { <-s.slots }()
 		s.serveUDPSlow(work, u, q, &p)
+		if s.jr != nil {
+			s.jr.release(slot)
+		}
 	})
 }
 

@@ -31,15 +31,23 @@ type testUpstream struct {
 	addr      string
 	queries   atomic.Int64
 	ednsSizes atomic.Int64 // the last EDNS0 size seen, 0 for none
+
+	mu    sync.Mutex
+	ports map[int]int // queries by source port (UDP)
 }
 
 const bigCount = 40
 
 func startUpstream(t testing.TB) *testUpstream {
 	t.Helper()
-	u := &testUpstream{}
+	u := &testUpstream{ports: map[int]int{}}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		u.queries.Add(1)
+		if a, ok := w.RemoteAddr().(*net.UDPAddr); ok {
+			u.mu.Lock()
+			u.ports[a.Port]++
+			u.mu.Unlock()
+		}
 		u.ednsSizes.Store(0)
 		if o := r.IsEdns0(); o != nil {
 			u.ednsSizes.Store(int64(o.UDPSize()))

@@ -16,6 +16,7 @@ import (
 // EPOLLOUT edges), and the client pays for those wake-ups in its sends; a blocking read
 // needs no poller.
 type udpSocket struct {
+	idx     int // its index among the server's UDP sockets
 	fd      int
 	wake    int // an eventfd that stop makes readable, for readers waiting in poll
 	stopped atomic.Bool
@@ -113,6 +114,7 @@ func (u *udpSocket) read(b *datagrams) (int, error) {
 		h := &b.hdrs[i].hdr
 		h.Namelen = unix.SizeofSockaddrInet6
 		h.Flags = 0
+		b.hdrs[i].n = 0 // in a journal: the datagram before is answered
 		b.iovs[i].SetLen(len(b.bufs[i]))
 	}
 	for {

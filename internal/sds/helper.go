@@ -37,7 +37,9 @@ func New(env *component.Env) (component.Helper, error) {
 	if c.GetFilesOnly() {
 		socket = agentv1.SocketSDSFiles
 	}
-	l, err := env.Listener(socket)
+	// Envoy, agentd's child, runs as agentd's user: nobody else gets the workload's key,
+	// whatever the socket's mode (0666, as Istio's).
+	l, err := env.OwnerListener(socket)
 	if err != nil {
 		return nil, err
 	}
@@ -72,6 +74,15 @@ func CAClient(c *agentv1.SDSConfig, root string, onRetry func(error)) (*caclient
 		CertSigner:   c.GetCertSigner(),
 		OnRetry:      onRetry,
 	})
+}
+
+// Validate reports what in c sds-server refuses at start (ECC_SIGNATURE_ALGORITHM other than
+// ECDSA, ECC_CURVE other than P256 or P384, SECRET_GRACE_PERIOD_RATIO outside [0, 1]): agentd
+// calls it at its own start, where a bad setting is one clear error, not a helper that
+// crash-loops.
+func Validate(c *agentv1.SDSConfig) error {
+	_, err := ServerOptions(c, "")
+	return err
 }
 
 // ServerOptions turns the helper's configuration into the server's (without the CA client).

@@ -62,6 +62,9 @@ type manager struct {
 
 // Run keeps a valid certificate until ctx ends.
 func (m *manager) Run(ctx context.Context) error {
+	retried := make(chan struct{})
+	go func() { defer close(retried); m.out.run(ctx, m.log) }()
+	defer func() { <-retried }()
 	wait := retryInitial
 	forced := false
 	for {
@@ -149,7 +152,7 @@ func (m *manager) renew(ctx context.Context) error {
 	m.log.Info("workload certificate issued", "identity", m.identity, "expires", w.expire, "rotate_at", w.rotateAt)
 	rootChanged := old == nil || !bytes.Equal(old.root, w.root)
 	if err := m.out.write(w.chain, w.key, mergeRoots(w.root, bundle)); err != nil {
-		m.log.Error("writing OUTPUT_CERTS failed", "error", err)
+		m.log.Error("writing OUTPUT_CERTS failed; trying again", "error", err)
 	}
 	m.notify(ResourceDefault)
 	if rootChanged {

@@ -106,7 +106,7 @@ func NewServer(o Options) (*Server, error) {
 		s.mgr = &manager{
 			ca: o.CA, identity: o.Identity, key: o.Key, ttl: o.SecretTTL,
 			graceRatio: o.GraceRatio, graceJitter: o.GraceJitter,
-			out:    &output{dir: s.abs(o.OutputDir), mode: o.OutputMode},
+			out:    newOutput(s.abs(o.OutputDir), o.OutputMode, o.Metrics),
 			log:    o.Log.Named("secrets"),
 			notify: s.refresh, renewNow: make(chan struct{}, 1), first: make(chan struct{}),
 		}

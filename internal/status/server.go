@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +57,9 @@ type Config struct {
 	DisableProfiling bool
 	// Log is the status server's logger.
 	Log hclog.Logger
+	// MaxConns caps the status port's open connections (default DefaultMaxConns() of the fd
+	// limit at each new connection).
+	MaxConns int
 }
 
 // Server is the status server.
@@ -65,6 +69,7 @@ type Server struct {
 	metrics *scrapeMetrics
 	http    *http.Server
 	client  *http.Client // for Envoy's and the app's metrics
+	conns   *connLimit
 
 	mu         sync.Mutex
 	terminated error // set by Terminate: readiness fails at once with it
@@ -89,8 +94,29 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, metrics: m, client: &http.Client{Transport: &http.Transport{Proxy: nil}}}
-	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.conns = newConnLimit(cfg.MaxConns)
+	// Every connection is bounded in time and in number: idle ones, slow readers and slow
+	// writers end, and a flood of them cannot take the file descriptors agentd needs to
+	// restart its children and serve its control socket.
+	s.http = &http.Server{
+		Handler:           writeDeadline(s.Handler()),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       idleTimeout,
+		ConnState:         s.conns.track,
+	}
 	return s, nil
+}
+
+// writeDeadline bounds the time to write each answer, but pprof's: a profile takes as long
+// as it is asked to (http.Server's WriteTimeout would refuse a long one).
+func writeDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/debug/pprof/") {
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeTimeout))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Port is the status port the listener is on.

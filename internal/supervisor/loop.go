@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"time"
+
+	"github.com/agentd/agentd/internal/proc"
 )
 
 // loop keeps one child running until ctx ends, then stops it.
@@ -20,7 +24,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 			s.setState(c, Starting)
 			var sum string
 			var err error
-			inst, sum, err = s.launch(ctx, c, binary)
+			inst, sum, err = s.launch(ctx, c, binary, nil)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -29,6 +33,16 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 				c.mu.Lock()
 				c.lastErr = err
 				c.mu.Unlock()
+				if ownResources(err) { // agentd's trouble, not the helper's: not an exit
+					s.setState(c, Backoff)
+					if binary, inst = s.backoff(ctx, c, resourceRetry, binary); ctx.Err() != nil {
+						if inst != nil {
+							s.stop(c, inst)
+						}
+						return
+					}
+					continue
+				}
 			} else {
 				s.adopt(c, inst, binary, sum)
 			}
@@ -55,7 +69,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 		c.failures++
 		n := c.failures
 		c.mu.Unlock()
-		wait := s.opts.Backoff.delay(n)
+		wait := s.opts.Backoff.delayFor(n, len(c.Sockets) > 0)
 		st := Backoff
 		if n >= s.opts.Backoff.CrashLoopAfter {
 			st = CrashLoop
@@ -71,6 +85,22 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 		}
 		s.countRestart(c)
 	}
+}
+
+// resourceRetry is the wait before another start when the last one failed for lack of
+// agentd's own resources (file descriptors, memory, processes): short, as the child is down,
+// and not growing, as the child is not at fault.
+const resourceRetry = 250 * time.Millisecond
+
+// ownResources tells whether a start failed because agentd itself ran out of something: file
+// descriptors (pipes, sockets, the binary's open file), memory, or processes.
+func ownResources(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // backoff waits before a restart. A restart command ends the wait; a swap command tries the
@@ -90,12 +120,12 @@ func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, 
 				cmd.reply <- nil
 				return binary, nil
 			}
-			inst, err := s.startNew(ctx, c, cmd)
+			inst, sum, err := s.startNew(ctx, c, cmd)
 			if err != nil {
 				cmd.reply <- err
 				continue
 			}
-			s.adopt(c, inst, cmd.binary, cmd.sha256)
+			s.adopt(c, inst, cmd.binary, sum)
 			c.mu.Lock()
 			c.failures = 0
 			c.mu.Unlock()
@@ -108,8 +138,17 @@ func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, 
 // serve watches a running process until it exits, ctx ends (then it stops it), or a restart
 // command stops it (then it returns true). Swap commands replace it in place.
 func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restart bool) {
+	hung, unwatch := s.watchHealth(ctx, c, inst)
+	defer func() { unwatch() }()
 	for {
 		select {
+		case err := <-hung:
+			c.log.Error("hung: restarting it", "pid", inst.Pid(), "error", err)
+			c.mu.Lock()
+			c.lastErr = fmt.Errorf("pid %d hung: %w", inst.Pid(), err)
+			c.mu.Unlock()
+			s.stopWithin(c, inst, s.opts.CallTimeout)
+			return true
 		case <-inst.Exited():
 			err := inst.Err()
 			if err == nil {
@@ -132,25 +171,67 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 				cmd.reply <- nil
 				return true
 			case cmdSwap:
-				next, err := s.startNew(ctx, c, cmd)
+				next, sum, err := s.startNew(ctx, c, cmd)
 				if err != nil {
 					cmd.reply <- err
 					continue
 				}
 				c.log.Info("swap: new process ready, stopping the old one", "old_pid", inst.Pid(), "new_pid", next.Pid())
+				unwatch()
 				s.stop(c, inst)
-				s.adopt(c, next, cmd.binary, cmd.sha256)
+				s.adopt(c, next, cmd.binary, sum)
 				inst = next
+				hung, unwatch = s.watchHealth(ctx, c, inst)
 				cmd.reply <- nil
 			}
 		}
 	}
 }
 
+// watchHealth asks inst whether it is ready every HealthInterval, each call within
+// CallTimeout. After HungAfter calls in a row without an answer (an answer "not ready" is an
+// answer) from a process that answered before, or is past its ReadyTimeout, it sends the last
+// error on hung and stops. unwatch stops it and waits for it.
+func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (hung <-chan error, unwatch func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(s.opts.HealthInterval)
+		defer tick.Stop()
+		// A process that never answered yet may be starting slowly: it is hung only once past
+		// its ReadyTimeout.
+		started, missed := time.Now(), 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-inst.Exited():
+				return
+			case <-tick.C:
+			}
+			err := s.ready(ctx, c, inst, "health")
+			if !errors.Is(err, errNoAnswer) {
+				missed = 0
+				continue
+			}
+			c.mu.Lock()
+			answered := c.answered == inst
+			c.mu.Unlock()
+			if missed++; missed >= s.opts.HungAfter && (answered || time.Since(started) > c.ReadyTimeout) {
+				out <- fmt.Errorf("%d health checks in a row got %w", missed, err)
+				return
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
+}
+
 // startNew starts a swap's binary beside the running process and waits until it is ready.
-func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, error) {
+func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, string, error) {
 	c.log.Info("swap: starting new binary", "binary", cmd.binary, "sha256", cmd.sha256)
-	inst, _, err := s.launch(ctx, c, cmd.binary)
+	inst, sum, err := s.launch(ctx, c, cmd.binary, cmd.exe)
 	if err == nil {
 		if err = s.waitReady(ctx, inst, cmd.timeout); err != nil {
 			s.stop(c, inst)
@@ -158,16 +239,34 @@ func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Insta
 	}
 	if err != nil {
 		c.log.Error("swap refused, the old process keeps serving", "binary", cmd.binary, "error", err)
-		return nil, fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
+		return nil, "", fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
 	}
-	c.log.Info("ready", "pid", inst.Pid())
-	return inst, nil
+	c.log.Info("ready", "pid", inst.Pid(), "sha256", sum)
+	return inst, sum, nil
 }
 
 // launch starts a process of c from binary: it runs and serves its sockets when launch
 // returns. Whether it is ready is another question (a dns-proxy waits for its first name
 // table): not being ready is reported, never a reason to kill it.
-func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Instance, string, error) {
+//
+// The process runs the file launch opened and hashed, not whatever binary names by the time
+// of the exec: the open file goes down in the context (proc.WithExecutable) to a Launch that
+// execs it, and /proc/PID/exe is checked against it after the start, for a Launch that
+// execs the path instead (Envoy). The SHA-256 returned is the one of the running file, or ""
+// when that cannot be shown. A swap hands in the file it opened and verified (verified): then
+// a process that cannot be shown to run it is stopped and an error returned.
+func (s *Supervisor) launch(ctx context.Context, c *child, binary string, verified *openFile) (Instance, string, error) {
+	var exe *os.File
+	var id fileID
+	if verified != nil {
+		exe, id = verified.f, verified.id
+	} else {
+		var err error
+		if exe, id, err = openBinary(binary); err != nil {
+			return nil, "", err
+		}
+		defer exe.Close()
+	}
 	// The binary's first hash (about 18 ms for agentd's) runs beside the process's start.
 	type hashed struct {
 		sum string
@@ -175,19 +274,42 @@ func (s *Supervisor) launch(ctx context.Context, c *child, binary string) (Insta
 	}
 	hc := make(chan hashed, 1)
 	go func() {
-		sum, err := s.hashes.sum(binary)
+		sum, err := s.hashes.fileSum(exe, id)
 		hc <- hashed{sum, err}
 	}()
-	inst, err := c.Launch(ctx, binary, c.files)
+	inst, err := c.Launch(proc.WithState(proc.WithExecutable(ctx, exe), c.state), binary, c.files)
 	h := <-hc
 	if err != nil {
 		return nil, "", err
 	}
-	if h.err != nil { // it started, so the file was there: removed or replaced since
+	if h.err == nil {
+		h.err = runs(inst.Pid(), exe, id)
+	}
+	switch {
+	case h.err != nil && verified != nil:
+		s.stop(c, inst)
+		return nil, "", fmt.Errorf("pid %d stopped: it may not run the verified %s: %w", inst.Pid(), binary, h.err)
+	case h.err != nil:
 		c.log.Warn("started, but its binary's SHA-256 is unknown", "pid", inst.Pid(), "error", h.err)
+		h.sum = ""
 	}
 	c.log.Info("started", "pid", inst.Pid())
 	return inst, h.sum, nil
+}
+
+// runs checks that process pid executes the open file exe, still as it was (identity id).
+func runs(pid int, exe *os.File, id fileID) error {
+	if now, err := fileIdentity(exe); err != nil || !now.sameContent(id) {
+		return fmt.Errorf("binary %s changed while it was started", exe.Name())
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/exe", pid), &st); err != nil {
+		return fmt.Errorf("check the executable of pid %d: %w", pid, err)
+	}
+	if st.Dev != id.dev || st.Ino != id.ino {
+		return fmt.Errorf("pid %d runs another file than the %s that was hashed (replaced meanwhile)", pid, exe.Name())
+	}
+	return nil
 }
 
 // waitReady polls inst until it is ready, it exits, or timeout.
@@ -198,7 +320,9 @@ func (s *Supervisor) waitReady(ctx context.Context, inst Instance, timeout time.
 	defer tick.Stop()
 	var reason error // the last answer, not the deadline that cut the last question short
 	for {
-		err := inst.Ready(ctx)
+		cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+		err := inst.Ready(cctx)
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -217,7 +341,11 @@ func (s *Supervisor) waitReady(ctx context.Context, inst Instance, timeout time.
 
 // stop drains a process, then stops it, each within its deadline; a second SIGTERM (Kill)
 // ends both deadlines at once.
-func (s *Supervisor) stop(c *child, inst Instance) {
+func (s *Supervisor) stop(c *child, inst Instance) { s.stopWithin(c, inst, c.DrainTimeout) }
+
+// stopWithin is stop with a drain deadline of drain: a hung process is asked to drain for as
+// long as it had to answer a call, since it answers none.
+func (s *Supervisor) stopWithin(c *child, inst Instance, drain time.Duration) {
 	c.mu.Lock()
 	current := c.inst == inst
 	c.mu.Unlock()
@@ -225,7 +353,7 @@ func (s *Supervisor) stop(c *child, inst Instance) {
 		s.setState(c, Draining)
 	}
 	c.log.Info("draining", "pid", inst.Pid())
-	dctx, cancel := context.WithTimeout(s.hard, c.DrainTimeout)
+	dctx, cancel := context.WithTimeout(s.hard, drain)
 	if err := inst.Drain(dctx); err != nil {
 		c.log.Warn("drain did not finish", "pid", inst.Pid(), "error", err)
 	}

@@ -15,6 +15,14 @@ import (
 // across every process of the child.
 func (s *Supervisor) openSockets() error {
 	for _, c := range s.children {
+		// Memory each process of the child inherits and the next one finds as the last left
+		// it (dns-proxy's journal of the queries it holds): a memfd, sized by the child.
+		fd, err := unix.MemfdCreate("agentd-"+c.Name, unix.MFD_CLOEXEC)
+		if err != nil {
+			s.closeSockets()
+			return fmt.Errorf("state memory of %s: %w", c.Name, err)
+		}
+		c.state = os.NewFile(uintptr(fd), "agentd-state-"+c.Name)
 		for _, sock := range c.Sockets {
 			f, err := s.openSocket(sock)
 			if err != nil {
@@ -36,6 +44,10 @@ func (s *Supervisor) closeSockets() {
 			}
 		}
 		c.files = nil
+		if c.state != nil {
+			c.state.Close()
+			c.state = nil
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -47,13 +48,24 @@ type Options struct {
 	DrainTimeout time.Duration // for a process to drain when stopped (default DefaultDrainTimeout)
 	StopTimeout  time.Duration // for a drained process to exit before SIGKILL (default DefaultStopTimeout)
 	Backoff      BackoffPolicy
+
+	// CallTimeout bounds each Ready and Metrics call to a process (default DefaultCallTimeout):
+	// readiness and the merged metrics never wait longer on a hung one.
+	CallTimeout time.Duration
+	// HealthInterval is how often each running process is asked whether it is ready (default
+	// DefaultHealthInterval); one that misses HungAfter of these calls in a row (default 3)
+	// is hung: it is drained, killed and started again, as a restart command does.
+	HealthInterval time.Duration
+	HungAfter      int
 }
 
 // Defaults of Options' timeouts.
 const (
-	DefaultReadyTimeout = 30 * time.Second
-	DefaultDrainTimeout = 5 * time.Second
-	DefaultStopTimeout  = 5 * time.Second
+	DefaultReadyTimeout   = 30 * time.Second
+	DefaultDrainTimeout   = 5 * time.Second
+	DefaultStopTimeout    = 5 * time.Second
+	DefaultCallTimeout    = 2 * time.Second
+	DefaultHealthInterval = 5 * time.Second
 )
 
 // BackoffPolicy is how soon a child that exited is started again.
@@ -62,12 +74,19 @@ type BackoffPolicy struct {
 	Max            time.Duration // cap (default 30 s)
 	StableAfter    time.Duration // a run this long resets the delay (default 10 s)
 	CrashLoopAfter int           // exits in a row, each before StableAfter, that make a crash loop (default 5)
+	// MaxQueued caps the delay of a child that serves sockets (default 2 s): its clients wait
+	// in the sockets' queues meanwhile, and a DNS resolver waits 5 s for an answer (glibc's
+	// default), so a longer delay turns queued queries into lost ones.
+	MaxQueued time.Duration
 }
 
 // delay is the wait before restart number n (1-based) of a run of failures: none for the first
 // (a helper that was fine and crashed once is back at once), then exponential from Initial,
 // capped, with ±20% jitter so that children failing together do not restart in lockstep.
-func (b BackoffPolicy) delay(n int) time.Duration {
+func (b BackoffPolicy) delay(n int) time.Duration { return b.delayFor(n, false) }
+
+// delayFor is delay, capped by MaxQueued when clients are queued on the child's sockets.
+func (b BackoffPolicy) delayFor(n int, queued bool) time.Duration {
 	if n <= 1 {
 		return 0
 	}
@@ -76,6 +95,9 @@ func (b BackoffPolicy) delay(n int) time.Duration {
 		d *= 2
 	}
 	d = min(d, b.Max)
+	if queued {
+		d = min(d, b.MaxQueued)
+	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
@@ -91,9 +113,15 @@ func (o *Options) setDefaults() {
 	def(&o.ReadyTimeout, DefaultReadyTimeout)
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.StopTimeout, DefaultStopTimeout)
+	def(&o.CallTimeout, DefaultCallTimeout)
+	def(&o.HealthInterval, DefaultHealthInterval)
+	if o.HungAfter == 0 {
+		o.HungAfter = 3
+	}
 	def(&o.Backoff.Initial, 50*time.Millisecond)
 	def(&o.Backoff.Max, 30*time.Second)
 	def(&o.Backoff.StableAfter, 10*time.Second)
+	def(&o.Backoff.MaxQueued, 2*time.Second)
 	if o.Backoff.CrashLoopAfter == 0 {
 		o.Backoff.CrashLoopAfter = 5
 	}
@@ -118,6 +146,7 @@ type Supervisor struct {
 
 	restarts *prometheus.CounterVec
 	state    *prometheus.GaugeVec
+	missed   *prometheus.CounterVec
 	hashes   binaryHashes
 
 	// hard ends every drain and stop deadline at once: a second SIGTERM.
@@ -129,13 +158,15 @@ type child struct {
 	Child
 	log   hclog.Logger
 	files []*os.File
+	state *os.File // memory that outlives the child's processes (proc.WithState)
 	cmds  chan command
 
 	mu       sync.Mutex
 	status   Status
 	inst     Instance
 	lastErr  error
-	failures int // exits in a row without a stable run
+	failures int      // exits in a row without a stable run
+	answered Instance // the last process that answered a Ready call (see watchHealth)
 }
 
 // New returns a supervisor for children, which start in that order.
@@ -153,9 +184,12 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "agentd_child_state", Help: "1 for the state each child is in, 0 for the others.",
 		}, []string{"child", "state"}),
+		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_child_calls_missed_total", Help: "Calls to a child (ready, metrics, health) that got no answer in time.",
+		}, []string{"child", "call"}),
 	}
 	if opts.Metrics != nil {
-		for _, c := range []prometheus.Collector{s.restarts, s.state} {
+		for _, c := range []prometheus.Collector{s.restarts, s.state, s.missed} {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("register supervisor metrics: %w", err)
 			}
@@ -257,7 +291,7 @@ func (s *Supervisor) awaitReady(ctx context.Context, c *child) {
 		c.mu.Lock()
 		inst := c.inst
 		c.mu.Unlock()
-		if inst != nil && inst.Ready(ctx) == nil {
+		if inst != nil && s.ready(ctx, c, inst, "ready") == nil {
 			c.log.Info("ready", "pid", inst.Pid())
 			return
 		}
@@ -286,10 +320,17 @@ func (s *Supervisor) Statuses() []Status {
 	return out
 }
 
-// Ready returns nil when every child runs and says it is ready, or the first reason not.
+// Ready returns nil when every child runs and says it is ready, or the first reason not, in
+// the children's order. The children are asked side by side, each within CallTimeout.
 func (s *Supervisor) Ready(ctx context.Context) error {
-	for _, c := range s.children {
-		if err := s.childReady(ctx, c); err != nil {
+	errs := make([]error, len(s.children))
+	var wg sync.WaitGroup
+	for i, c := range s.children {
+		wg.Go(func() { errs[i] = s.childReady(ctx, c) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			return err
 		}
 	}
@@ -306,16 +347,46 @@ func (s *Supervisor) childReady(ctx context.Context, c *child) error {
 		}
 		return fmt.Errorf("%s is %s", c.Name, st)
 	}
-	if err := inst.Ready(ctx); err != nil {
+	if err := s.ready(ctx, c, inst, "ready"); err != nil {
 		return fmt.Errorf("%s is not ready: %w", c.Name, err)
 	}
 	return nil
 }
 
-// Metrics returns the metrics of each running child, by name; a child that cannot answer is
-// left out and its error returned beside.
+// errNoAnswer is a call to a child that got no answer within CallTimeout.
+var errNoAnswer = errors.New("no answer")
+
+// ready asks inst whether it is ready, within CallTimeout; a call cut short by that deadline
+// (not by ctx) is a missed call, counted under call.
+func (s *Supervisor) ready(ctx context.Context, c *child, inst Instance, call string) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+	defer cancel()
+	err := s.missedCall(ctx, cctx, c, inst, call, inst.Ready(cctx))
+	if ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
+		c.mu.Lock()
+		c.answered = inst
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// missedCall turns err, the result of a call made with cctx (ctx with CallTimeout), into
+// errNoAnswer when CallTimeout cut the call short, and counts it.
+func (s *Supervisor) missedCall(ctx, cctx context.Context, c *child, inst Instance, call string, err error) error {
+	if err == nil || ctx.Err() != nil || cctx.Err() == nil {
+		return err
+	}
+	s.missed.WithLabelValues(c.Name, call).Inc()
+	return fmt.Errorf("%w within %v (pid %d hung?)", errNoAnswer, s.opts.CallTimeout, inst.Pid())
+}
+
+// Metrics returns the metrics of each running child, by name; a child that cannot answer, or
+// not within CallTimeout, is left out and its error returned beside. The children are asked
+// side by side.
 func (s *Supervisor) Metrics(ctx context.Context) (map[string][]byte, map[string]error) {
 	texts, errs := map[string][]byte{}, map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, c := range s.children {
 		c.mu.Lock()
 		inst := c.inst
@@ -324,13 +395,21 @@ func (s *Supervisor) Metrics(ctx context.Context) (map[string][]byte, map[string
 			errs[c.Name] = fmt.Errorf("%s is not running", c.Name)
 			continue
 		}
-		text, err := inst.Metrics(ctx)
-		if err != nil {
-			errs[c.Name] = err
-			continue
-		}
-		texts[c.Name] = text
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+			defer cancel()
+			text, err := inst.Metrics(cctx)
+			err = s.missedCall(ctx, cctx, c, inst, "metrics", err)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs[c.Name] = fmt.Errorf("metrics of %s: %w", c.Name, err)
+				return
+			}
+			texts[c.Name] = text
+		})
 	}
+	wg.Wait()
 	return texts, errs
 }
 
@@ -346,8 +425,21 @@ func (s *Supervisor) Restart(ctx context.Context, name string) error {
 // is ready (within timeout, or ReadyTimeout), then drains and stops the old process; later
 // restarts use binary. If wantSHA256 is set and binary's does not match, nothing changes. If the
 // new process does not become ready, it is stopped and the old one keeps serving.
+//
+// binary must be an absolute path: agentd's working directory is not the caller's. The process
+// started runs the very file that was hashed (see launch): a file renamed over binary in the
+// meantime is not run, and the SHA-256 recorded is the one of the running file.
 func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, timeout time.Duration) error {
-	sum, err := s.hashes.sum(binary)
+	if !filepath.IsAbs(binary) {
+		return fmt.Errorf("binary %q is a relative path: give an absolute one (not swapped)", binary)
+	}
+	// The file is opened once: the one hashed is the one started (launch).
+	exe, id, err := openBinary(binary)
+	if err != nil {
+		return err
+	}
+	defer exe.Close()
+	sum, err := s.hashes.fileSum(exe, id)
 	if err != nil {
 		return err
 	}
@@ -357,7 +449,7 @@ func (s *Supervisor) Swap(ctx context.Context, name, binary, wantSHA256 string, 
 	if c, ok := s.byName[name]; ok && timeout == 0 {
 		timeout = c.ReadyTimeout
 	}
-	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, sha256: sum, timeout: timeout})
+	return s.send(ctx, name, command{kind: cmdSwap, binary: binary, exe: &openFile{exe, id}, sha256: sum, timeout: timeout})
 }
 
 func (s *Supervisor) send(ctx context.Context, name string, cmd command) error {
@@ -389,7 +481,8 @@ const (
 type command struct {
 	kind    cmdKind
 	binary  string
-	sha256  string
+	exe     *openFile // binary, opened and hashed
+	sha256  string    // exe's
 	timeout time.Duration
 	reply   chan error
 }
@@ -408,17 +501,59 @@ type fileID struct {
 	mtime, ctime syscall.Timespec
 }
 
-func (h *binaryHashes) sum(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("read binary: %w", err)
-	}
-	defer f.Close()
+func identity(st *syscall.Stat_t) fileID {
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// sameContent tells whether a file is still the one it was, as far as its bytes go: its
+// ctime also moves when a new file is renamed over its path, which leaves it as it was.
+func (id fileID) sameContent(then fileID) bool {
+	id.ctime = then.ctime
+	return id == then
+}
+
+// fileIdentity is the identity of an open file.
+func fileIdentity(f *os.File) (fileID, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return "", fmt.Errorf("stat binary %s: %w", path, err)
+		return fileID{}, fmt.Errorf("stat binary %s: %w", f.Name(), err)
 	}
-	id := fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return identity(&st), nil
+}
+
+// sum hashes the binary at path.
+func (h *binaryHashes) sum(path string) (string, error) {
+	f, id, err := openBinary(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return h.fileSum(f, id)
+}
+
+// openFile is an open binary and its identity when it was opened.
+type openFile struct {
+	f  *os.File
+	id fileID
+}
+
+// openBinary opens a binary to hash it and run that same open file.
+func openBinary(path string) (*os.File, fileID, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fileID{}, fmt.Errorf("read binary: %w", err)
+	}
+	id, err := fileIdentity(f)
+	if err != nil {
+		f.Close()
+		return nil, fileID{}, err
+	}
+	return f, id, nil
+}
+
+// fileSum is the SHA-256 of the open file f, whose identity was id when it was opened. It
+// reads at offsets, leaving f's own offset alone.
+func (h *binaryHashes) fileSum(f *os.File, id fileID) (string, error) {
 	// Held while hashing: the helpers starting side by side from one binary wait for its
 	// one hash instead of each computing it.
 	h.mu.Lock()
@@ -427,8 +562,11 @@ func (h *binaryHashes) sum(path string) (string, error) {
 		return sum, nil
 	}
 	d := sha256.New()
-	if _, err := io.Copy(d, f); err != nil {
-		return "", fmt.Errorf("read binary %s: %w", path, err)
+	if _, err := io.Copy(d, io.NewSectionReader(f, 0, id.size)); err != nil {
+		return "", fmt.Errorf("read binary %s: %w", f.Name(), err)
+	}
+	if now, err := fileIdentity(f); err != nil || !now.sameContent(id) {
+		return "", fmt.Errorf("binary %s changed while it was read", f.Name())
 	}
 	if h.sums == nil {
 		h.sums = map[fileID]string{}

@@ -223,6 +223,130 @@ func TestKilledChildIsRestartedOnItsSocket(t *testing.T) {
 	}
 }
 
+// TestOutOfFDsIsNotACrash: a child killed while agentd has no file descriptor left cannot be
+// started again; those failed starts are agentd's, not the child's: no crash loop, no growing
+// backoff, and the child is back as soon as descriptors are free again.
+func TestOutOfFDsIsNotACrash(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper")}
+	})
+	a := f.waitRunning("a")
+
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(openFDCount(t) + 32)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the fd limit: %v", err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	var hog []*os.File
+	release := func() {
+		for _, h := range hog {
+			h.Close()
+		}
+		hog = nil
+	}
+	defer release()
+	for {
+		h, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		hog = append(hog, h)
+	}
+
+	syscall.Kill(a.Pid, syscall.SIGKILL)
+	f.waitFor("a failed start", func() bool { return strings.Contains(f.logs.String(), "too many open files") })
+	time.Sleep(2 * time.Second) // many failed starts
+	if s := f.status("a"); s.State == supervisor.CrashLoop || s.State == supervisor.Running {
+		t.Errorf("with agentd out of fds: a is %s, want %s (not the child's fault)", s.State, supervisor.Backoff)
+	}
+	release()
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	deadline := time.Now().Add(3 * time.Second)
+	for f.status("a").State != supervisor.Running {
+		if time.Now().After(deadline) {
+			t.Fatalf("a not running 3 s after fds were free again: %+v", f.status("a"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func openFDCount(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip(err)
+	}
+	return len(entries)
+}
+
+// TestHungChildIsReplaced: a child stopped dead (SIGSTOP: it holds its connections, answers
+// nothing) makes readiness fail with the reason and is left out of the metrics, both in
+// bounded time, and is then drained, killed and started again, while the other child is
+// left alone. Default options: a hung child is replaced within a few health intervals.
+func TestHungChildIsReplaced(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper"), child(f, "b", "helper")}
+	})
+	a, b := f.waitRunning("a"), f.waitRunning("b")
+	f.waitFor("both ready", func() bool { return f.sup.Ready(context.Background()) == nil })
+	if err := syscall.Kill(a.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(a.Pid, syscall.SIGCONT)
+
+	ready := make(chan error, 1)
+	go func() { ready <- f.sup.Ready(context.Background()) }()
+	select {
+	case err := <-ready:
+		if err == nil || !strings.Contains(err.Error(), "a is not ready") {
+			t.Errorf("Ready with a hung = %v, want a not ready", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ready still waiting on the hung child after 10 s")
+	}
+	type metrics struct {
+		texts map[string][]byte
+		errs  map[string]error
+	}
+	mc := make(chan metrics, 1)
+	go func() { t, e := f.sup.Metrics(context.Background()); mc <- metrics{t, e} }()
+	select {
+	case m := <-mc:
+		if _, ok := m.texts["b"]; m.errs["a"] == nil || !ok {
+			t.Errorf("Metrics with a hung: texts of %v, errors %v; want b's text and a's error", keys(m.texts), m.errs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Metrics still waiting on the hung child after 10 s")
+	}
+
+	deadline := time.Now().Add(45 * time.Second)
+	for s := f.status("a"); s.Pid == a.Pid || s.State != supervisor.Running; s = f.status("a") {
+		if time.Now().After(deadline) {
+			t.Fatalf("hung child not replaced after 45 s: %+v", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.waitFor("the hung pid gone", func() bool { return !alive(a.Pid) })
+	if err := f.sup.Ready(context.Background()); err != nil {
+		t.Errorf("Ready after the replacement: %v", err)
+	}
+	if s := f.status("b"); s.Pid != b.Pid {
+		t.Errorf("b was restarted too: pid %d, want %d", s.Pid, b.Pid)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
 func TestCrashLoopLeavesOthersRunning(t *testing.T) {
 	opts := supervisor.Options{Backoff: supervisor.BackoffPolicy{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, CrashLoopAfter: 3}}
 	f := start(t, opts, func(f *fixture) []supervisor.Child {
@@ -257,6 +381,21 @@ func TestBackoffGrowsAndResets(t *testing.T) {
 				t.Fatalf("delay(%d) = %v, want %v ±20%%", n, got, want)
 			}
 		}
+	}
+}
+
+// TestBackoffOfQueuedClients: a child serving sockets is never kept down longer than
+// MaxQueued, however long its run of exits: its clients wait in the sockets' queues, and a
+// resolver gives up after 5 s.
+func TestBackoffOfQueuedClients(t *testing.T) {
+	p := supervisor.BackoffPolicy{Initial: 100 * time.Millisecond, Max: 30 * time.Second, MaxQueued: 2 * time.Second}
+	for n := 1; n <= 50; n++ {
+		if got := supervisor.DelayQueued(p, n); got > 2400*time.Millisecond {
+			t.Fatalf("delay(%d) of a child with sockets = %v, want at most 2 s +20%%", n, got)
+		}
+	}
+	if got := supervisor.Delay(p, 10); got < 20*time.Second {
+		t.Errorf("delay(10) of a child without sockets = %v, want the full backoff (about 26 s)", got)
 	}
 }
 
@@ -375,6 +514,7 @@ func TestSwapRefused(t *testing.T) {
 		{"other protocol version", filepath.Join(binDir, "helper-v2"), "", fmt.Sprintf("plugin protocol %d", component.ProtocolVersion)},
 		{"never ready", filepath.Join(binDir, "helper-hang"), "", "hanging on purpose"},
 		{"missing binary", filepath.Join(binDir, "nope"), "", "no such file"},
+		{"relative path", "helper", "", "relative path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,6 +533,73 @@ func TestSwapRefused(t *testing.T) {
 	}
 	if err := f.sup.Swap(context.Background(), "nobody", good, "", time.Second); err == nil {
 		t.Errorf("Swap of an unknown child succeeded")
+	}
+}
+
+// TestSwapRunsWhatItVerified: while a swap runs, another file is renamed over the binary's
+// path again and again. Every swap either runs the build whose checksum it verified, and says
+// so, or is refused; none runs the other file.
+func TestSwapRunsWhatItVerified(t *testing.T) {
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		return []supervisor.Child{child(f, "a", "helper")}
+	})
+	f.waitRunning("a")
+	dir := t.TempDir()
+	// Two builds: the test helper, and the same program with bytes appended, which runs but
+	// has another SHA-256. Each is written anew and renamed over the path, as `install` does.
+	good, err := os.ReadFile(filepath.Join(binDir, "helper"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(good)
+	want := hex.EncodeToString(sum[:])
+	evil := append(append([]byte{}, good...), "not the verified build"...)
+	path := filepath.Join(dir, "helper")
+	flip := func(data []byte) {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, data, 0o755); err == nil {
+			os.Rename(tmp, path)
+		}
+	}
+	flip(good)
+
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			flip([][]byte{evil, good}[i%2])
+			time.Sleep(time.Duration(i%3) * time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-flipped }()
+
+	swapped := 0
+	for i := 0; i < 40 && swapped < 4; i++ {
+		err := f.sup.Swap(context.Background(), "a", path, want, 20*time.Second)
+		s := f.status("a")
+		if err != nil {
+			t.Logf("swap %d refused: %v", i, err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		swapped++
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/exe", s.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(data)
+		if got := hex.EncodeToString(sum[:]); got != want || s.SHA256 != want {
+			t.Fatalf("swap %d: pid %d runs a file of SHA-256 %s, status says %s, want the verified %s", i, s.Pid, got, s.SHA256, want)
+		}
+	}
+	if swapped == 0 {
+		t.Errorf("no swap went through: the verified build never ran")
 	}
 }
 

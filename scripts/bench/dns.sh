@@ -2,7 +2,8 @@
 # Benchmarks dns-proxy behind `agentd run` against dnsmasq serving the same records, with
 # dnsperf, in one run, side by side: table hits (1000 mesh names) and forwarded names (1000
 # names answered by an upstream dnsmasq that both forward to). Then the same table-hit load
-# during `agentd swap dns-proxy` and during a `kill -9` of dns-proxy, printing lost queries.
+# during `agentd swap dns-proxy` and during a `kill -9` of dns-proxy, and table-hit and
+# forwarded loads during five kills in a row, printing lost queries.
 #
 # Usage: scripts/bench/dns.sh        (DURATION=10 seconds per run, CLIENTS=4, OUTSTANDING=100,
 #                                     NAMES=1000)
@@ -116,15 +117,15 @@ printf "%-12s %10s %7s %5s %7s %7s   %10s %7s %5s %7s   %6s\n" "" "agentd qps" "
 row "table hits" "$work/hits.txt"
 row "forwarded" "$work/fwd.txt"
 
-disrupted() { # LABEL COMMAND...: table-hit load with COMMAND run a third of the way in
-	local label=$1; shift
-	perf "$ad" "$work/hits.txt" >"$work/perf.out" &
+disrupted() { # LABEL FILE COMMAND...: dnsperf load of FILE with COMMAND run a third of the way in
+	local label=$1 file=$2; shift 2
+	perf "$ad" "$file" >"$work/perf.out" &
 	local perf_pid=$!
 	sleep "$((DURATION / 3))"
 	"$@"
 	wait "$perf_pid"
 	read -r q l lost sent _ <"$work/perf.out"
-	printf "%-22s %12s %10s %6s of %s sent\n" "$label" "$q" "$l" "$lost" "$sent"
+	printf "%-30s %12s %10s %6s of %s sent\n" "$label" "$q" "$l" "$lost" "$sent"
 }
 
 cp "$work/bin/dns-proxy" "$work/dns-proxy-new"
@@ -140,10 +141,16 @@ kill9() {
 		sleep 0.05
 	done
 }
+kill9x5() { # five kills, each once the last one's process is back, 0.5 s apart
+	for _ in 1 2 3 4 5; do kill9; sleep 0.5; done
+}
 
 echo
-echo "table hits through agentd while dns-proxy is replaced (lost = no answer within 5 s)"
-printf "%-22s %12s %10s %6s\n" "" "qps" "avg ms" "lost"
-disrupted "steady (baseline)" true
-disrupted "agentd swap dns-proxy" swap
-disrupted "kill -9 dns-proxy" kill9
+echo "through agentd while dns-proxy is replaced (lost = no answer within 5 s; dnsperf sends"
+echo "each query once: a resolver would retry, dnsperf counts it lost)"
+printf "%-30s %12s %10s %6s\n" "" "qps" "avg ms" "lost"
+disrupted "steady (baseline)" "$work/hits.txt" true
+disrupted "agentd swap dns-proxy" "$work/hits.txt" swap
+disrupted "kill -9 dns-proxy" "$work/hits.txt" kill9
+disrupted "5 x kill -9, table hits" "$work/hits.txt" kill9x5
+disrupted "5 x kill -9, forwarded" "$work/fwd.txt" kill9x5

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -66,9 +67,12 @@ const (
 // TestChaos: devplane, agentd with the Envoy stand-in and every helper, and clients of every
 // kind running the whole time (DNS queries for mesh and forwarded names, proxyless gRPC calls,
 // SDS streams), while the test kills a random child with SIGKILL every few hundred
-// milliseconds for chaosDuration, restarts devplane once and swaps dns-proxy for another
-// binary. At the end every DNS query got the right answer, every RPC and every SDS fetch
-// succeeded under the rules above, every child runs and stays running, agentd holds no more
+// milliseconds for chaosDuration, restarts devplane once, swaps dns-proxy for another
+// binary, stops xds-proxy dead (SIGSTOP: hung, which agentd must find and replace) and floods
+// the status port with idle connections, agentd being held to 512 file descriptors from the
+// warm-up on (readiness and `agentd status` must answer meanwhile). At the end every DNS query
+// got the right answer (over UDP at its first attempt: the queries a killed dns-proxy held
+// are answered by the next one), every RPC and every SDS fetch succeeded under the rules above, every child runs and stays running, agentd holds no more
 // file descriptors, threads or goroutines than after the warm-up, and SIGTERM ends the tree
 // with exit status 0.
 func TestChaos(t *testing.T) {
@@ -91,14 +95,21 @@ func TestChaos(t *testing.T) {
 	c.waitSettled(t)
 	base := c.stableResources(t)
 	t.Logf("baseline after the warm-up: %s", base)
+	limitFDs(t, c.Pid(), 512)
 
 	// Chaos: a random child every 200-400 ms, devplane restarted at a third, dns-proxy
 	// swapped at two thirds.
 	start := time.Now()
-	devplaneRestarted, swapped := false, false
+	devplaneRestarted, swapped, hung, flooded := false, false, false, false
 	for time.Since(start) < chaosDuration {
 		time.Sleep(200*time.Millisecond + rand.N(200*time.Millisecond))
 		switch elapsed := time.Since(start); {
+		case !hung && elapsed > chaosDuration/8:
+			hung = true
+			c.hangAsync(t, "xds-proxy")
+		case !flooded && elapsed > chaosDuration/2:
+			flooded = true
+			c.floodAsync(t)
 		case !devplaneRestarted && elapsed > chaosDuration/3:
 			devplaneRestarted = true
 			go c.restartDevplane(t)
@@ -112,7 +123,13 @@ func TestChaos(t *testing.T) {
 	}
 	c.swapWG.Wait()
 	c.devWG.Wait()
+	c.faultWG.Wait()
+	// The probes' kept-alive connections are the test's, not agentd's to account for.
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	t.Logf("kills: %v", c.kills)
+	if c.hung != 1 || c.floods != 1 {
+		t.Errorf("hung children replaced: %d, status port floods survived: %d; want 1 each", c.hung, c.floods)
+	}
 	for _, name := range c.children {
 		if c.kills[name] == 0 {
 			t.Errorf("%s was never killed: the chaos did not reach it", name)
@@ -134,6 +151,11 @@ func TestChaos(t *testing.T) {
 	}
 
 	dnsLoad.check(t)
+	// A TCP query dies with the connection of a killed dns-proxy and is retried; a UDP query
+	// never is: those a killed process held are in agentd's memory, answered by the next.
+	if n := dnsLoad.udpRetried.Load(); n > 0 {
+		t.Errorf("%d DNS queries over UDP got no answer to their first attempt", n)
+	}
 	rpcs.check(t)
 	sds.check(t)
 	// One go-plugin socket directory per running helper: those of killed processes are gone.
@@ -204,6 +226,10 @@ type chaosTree struct {
 	streak   map[string]int // kills in a row of runs shorter than stableAfter
 	swapping string
 	swapWG   sync.WaitGroup
+	hanging  string // stopped dead, left to agentd to find
+	hung     int    // hung children agentd replaced
+	floods   int    // status port floods survived
+	faultWG  sync.WaitGroup
 }
 
 func startChaosTree(t *testing.T) *chaosTree {
@@ -283,7 +309,7 @@ func (c *chaosTree) pickVictim(t *testing.T) string {
 	defer c.mu.Unlock()
 	var ok []string
 	for _, ch := range st.Children {
-		if ch.State == supervisor.Running && ch.Name != c.swapping &&
+		if ch.State == supervisor.Running && ch.Name != c.swapping && ch.Name != c.hanging &&
 			(c.streak[ch.Name] < maxStreak || time.Since(ch.StartedAt) >= stableAfter) {
 			ok = append(ok, ch.Name)
 		}
@@ -341,9 +367,104 @@ func (c *chaosTree) swapAsync(t *testing.T, name string) {
 	}()
 }
 
+// hangAsync stops the named child's process dead (SIGSTOP), keeping the chaos off it: agentd
+// must answer readiness meanwhile (503, naming it) and replace it within a minute.
+func (c *chaosTree) hangAsync(t *testing.T, name string) {
+	c.mu.Lock()
+	c.hanging = name
+	c.mu.Unlock()
+	c.faultWG.Add(1)
+	go func() {
+		defer c.faultWG.Done()
+		defer func() { c.mu.Lock(); c.hanging = ""; c.mu.Unlock() }()
+		deadline := time.Now().Add(30 * time.Second)
+		for !childRunning(c.Agentd, name) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		var pid int
+		for _, ch := range mustStatus(t, c.Agentd) {
+			if ch.Name == name {
+				pid = ch.Pid
+			}
+		}
+		if pid == 0 || syscall.Kill(pid, syscall.SIGSTOP) != nil {
+			t.Errorf("could not stop %s (pid %d) dead", name, pid)
+			return
+		}
+		defer syscall.Kill(pid, syscall.SIGCONT) // if still there: let it die
+		// Readiness answers (503, the hung child named) while it is hung.
+		stopped := time.Now()
+		probe := kubeletProbe{t: t, port: c.statusPort, what: name + " hung"}
+		deadline = time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			probe.check()
+			if alive(pid) {
+				time.Sleep(time.Second)
+				continue
+			}
+			t.Logf("%s stopped dead: replaced by agentd after %v", name, time.Since(stopped).Round(100*time.Millisecond))
+			c.mu.Lock()
+			c.hung++
+			c.mu.Unlock()
+			return
+		}
+		t.Errorf("%s (pid %d) hung for 60 s and still not replaced", name, pid)
+	}()
+}
+
+// floodAsync opens 2000 idle connections to the status port, several times agentd's fd limit,
+// for 5 s: readiness and `agentd status` answer meanwhile, and the kills go on.
+func (c *chaosTree) floodAsync(t *testing.T) {
+	c.faultWG.Add(1)
+	go func() {
+		defer c.faultWG.Done()
+		end := floodStatusPort(t, c.statusPort, 2000)
+		defer end()
+		probe := kubeletProbe{t: t, port: c.statusPort, what: "the status port flooded"}
+		until := time.Now().Add(5 * time.Second)
+		for time.Now().Before(until) {
+			probe.check()
+			if _, err := c.Status(); err != nil {
+				t.Errorf("agentd status during the status port flood: %v", err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		c.mu.Lock()
+		c.floods++
+		c.mu.Unlock()
+	}()
+}
+
+// kubeletProbe asks readiness as kubelet does, and fails the test as kubelet would mark the
+// pod unready: after Istio's failureThreshold (4) probes in a row without an answer (the
+// test probes far more often than Istio's 15 s period). An answer, 503 included, counts.
+type kubeletProbe struct {
+	t          *testing.T
+	port       int
+	what       string
+	unanswered int
+}
+
+const kubeletFailureThreshold = 4
+
+func (p *kubeletProbe) check() {
+	code, body := statusGet(p.port, "/healthz/ready")
+	if code != 0 {
+		p.unanswered = 0
+		return
+	}
+	if p.unanswered++; p.unanswered == kubeletFailureThreshold {
+		p.t.Errorf("readiness with %s: %d probes in a row without an answer, the last: %s", p.what, p.unanswered, body)
+	}
+}
+
 // waitSettled waits until agentd is ready with every child running.
 func (c *chaosTree) waitSettled(t *testing.T) {
 	t.Helper()
+	// The same pids for half a second: a process killed a moment ago may still look alive
+	// (exiting, not yet a zombie) and agentd not have seen it exit.
+	var last map[string]int
+	var since time.Time
 	waitFor(t, "every child running and agentd ready", func() bool {
 		st, err := c.Status()
 		if err != nil || !st.Ready || len(st.Children) != len(c.children) {
@@ -355,7 +476,11 @@ func (c *chaosTree) waitSettled(t *testing.T) {
 				return false
 			}
 		}
-		return true
+		if pids := childPids(t, st); !maps.Equal(pids, last) {
+			last, since = pids, time.Now()
+			return false
+		}
+		return time.Since(since) >= 500*time.Millisecond
 	})
 }
 
@@ -530,6 +655,7 @@ type clientLoad struct {
 	wg   sync.WaitGroup
 
 	ops, retried atomic.Int64
+	udpRetried   atomic.Int64 // DNS over UDP: queries agentd must never lose
 	mu           sync.Mutex
 	failures     []string
 }
@@ -592,6 +718,9 @@ func startDNSClients(addr string, n int) *clientLoad {
 				l.ops.Add(1)
 				if attempts > 1 {
 					l.retried.Add(1)
+					if q.net == "udp" {
+						l.udpRetried.Add(1)
+					}
 				}
 				if err != nil {
 					l.fail("%s %s: %v", q.net, q.name, err)
