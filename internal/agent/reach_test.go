@@ -99,6 +99,7 @@ var examples = map[string][]example{
 	"SECRET_GRACE_PERIOD_RATIO":                  {{set: "0.3"}},
 	"SECRET_GRACE_PERIOD_RATIO_JITTER":           {{set: "0.2"}},
 	"WORKLOAD_RSA_KEY_SIZE":                      {{set: "4096"}},
+	"ECC_SIGNATURE_ALGORITHM":                    {{set: "ECDSA"}},
 	"ECC_CURVE":                                  {{set: "P384"}},
 	"DNS_PROXY_ADDR":                             {{set: "127.0.0.1:25354", context: dnsOn}},
 	"DNS_FORWARD_TIMEOUT":                        {{set: "2s", context: dnsOn}},

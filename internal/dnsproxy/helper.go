@@ -16,9 +16,6 @@ import (
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
-// DefaultResolvConf is where the upstream nameservers come from unless configured.
-const DefaultResolvConf = "/etc/resolv.conf"
-
 // tableGrace is how long a starting dns-proxy leaves queries in the socket's queue while it
 // waits for the bus to replay the current name table, so that a restarted process answers
 // its first query from that table. A first start with no table yet then answers SERVFAIL.
@@ -43,7 +40,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err := env.UnmarshalConfig(&c); err != nil {
 		return nil, err
 	}
-	cfg, err := ServerConfig(&c)
+	cfg, err := configFrom(&c)
 	if err != nil {
 		return nil, err
 	}
@@ -64,13 +61,9 @@ func NewHelper(cfg Config, bus *component.Bus, udp []net.PacketConn, tcp []net.L
 	return &Helper{srv: srv, bus: bus, log: srv.log, udp: udp, tcp: tcp, firstTable: make(chan struct{})}, nil
 }
 
-// ServerConfig turns the helper's configuration into the server's, reading the resolv.conf.
-func ServerConfig(c *agentv1.DNSProxyConfig) (Config, error) {
-	path := c.GetResolvConf()
-	if path == "" {
-		path = DefaultResolvConf
-	}
-	rc, err := ReadResolvConf(path)
+// configFrom turns the helper's configuration into the server's, reading the resolv.conf.
+func configFrom(c *agentv1.DNSProxyConfig) (Config, error) {
+	rc, err := ReadResolvConf(c.GetResolvConf())
 	if err != nil {
 		return Config{}, err
 	}

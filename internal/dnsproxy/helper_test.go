@@ -202,7 +202,7 @@ func TestHelperResubscribesWhenTheBusRestarts(t *testing.T) {
 	})
 }
 
-func TestServerConfig(t *testing.T) {
+func TestConfigFrom(t *testing.T) {
 	dir := t.TempDir()
 	rc := filepath.Join(dir, "resolv.conf")
 	os.WriteFile(rc, []byte("# comment\nnameserver 10.96.0.10\nnameserver 127.0.0.1:5353\nnameserver [::1]:5354\nnameserver fd00::53\n"+
@@ -226,16 +226,16 @@ func TestServerConfig(t *testing.T) {
 		{"missing resolv.conf", &agentv1.DNSProxyConfig{ResolvConf: filepath.Join(dir, "nope")}, Config{}, true},
 	}
 	for _, tt := range tests {
-		got, err := ServerConfig(tt.in)
+		got, err := configFrom(tt.in)
 		if (err != nil) != tt.err {
-			t.Errorf("%s: ServerConfig() error = %v, want error %v", tt.name, err, tt.err)
+			t.Errorf("%s: configFrom() error = %v, want error %v", tt.name, err, tt.err)
 			continue
 		}
 		if !slices.Equal(got.Upstreams, tt.want.Upstreams) || !slices.Equal(got.Names.Search, tt.want.Names.Search) ||
 			got.Names.Namespace != tt.want.Names.Namespace || got.Names.Domain != tt.want.Names.Domain ||
 			got.ForwardTimeout != tt.want.ForwardTimeout || got.ForwardParallel != tt.want.ForwardParallel ||
 			got.RespondBeforeSync != tt.want.RespondBeforeSync {
-			t.Errorf("%s: ServerConfig() = %+v, want %+v", tt.name, got, tt.want)
+			t.Errorf("%s: configFrom() = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}
 }

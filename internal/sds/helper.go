@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
@@ -14,9 +13,6 @@ import (
 	"github.com/agentd/agentd/internal/component"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
-
-// DefaultTokenFile is Istio's istio-ca audience token (third-party JWT).
-const DefaultTokenFile = "var/run/secrets/tokens/istio-token"
 
 // Helper is sds-server as an agentd helper: the SDS server on the inherited socket, with
 // the PCDS trust bundle from the bus.
@@ -43,7 +39,7 @@ func New(env *component.Env) (component.Helper, error) {
 	if err != nil {
 		return nil, err
 	}
-	o, err := ServerOptions(&c, env.Root)
+	o, err := configFrom(&c, env.Root)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +64,7 @@ func CAClient(c *agentv1.SDSConfig, root string, onRetry func(error)) (*caclient
 		Address:      c.GetCaAddress(),
 		RootCertFile: abs(root, c.GetCaRootCert()),
 		ServerName:   c.GetCaServerName(),
-		TokenFile:    abs(root, orDefault(c.GetTokenFile(), DefaultTokenFile)),
+		TokenFile:    abs(root, c.GetTokenFile()),
 		ClusterID:    c.GetClusterId(),
 		Headers:      c.GetCaHeaders(),
 		CertSigner:   c.GetCertSigner(),
@@ -76,19 +72,12 @@ func CAClient(c *agentv1.SDSConfig, root string, onRetry func(error)) (*caclient
 	})
 }
 
-// Validate reports what in c sds-server refuses at start (ECC_SIGNATURE_ALGORITHM other than
-// ECDSA, ECC_CURVE other than P256 or P384, SECRET_GRACE_PERIOD_RATIO outside [0, 1]): agentd
-// calls it at its own start, where a bad setting is one clear error, not a helper that
-// crash-loops.
-func Validate(c *agentv1.SDSConfig) error {
-	_, err := ServerOptions(c, "")
-	return err
-}
-
-// ServerOptions turns the helper's configuration into the server's (without the CA client).
-func ServerOptions(c *agentv1.SDSConfig, root string) (Options, error) {
+// configFrom turns the helper's configuration into the server's (without the CA client). agentd
+// sends complete configurations (its settings table holds Istio's defaults): nothing is
+// defaulted here but the identity of a pod without a namespace or service account.
+func configFrom(c *agentv1.SDSConfig, root string) (Options, error) {
 	o := Options{
-		Identity: caclient.SPIFFEID(orDefault(c.GetTrustDomain(), "cluster.local"),
+		Identity: caclient.SPIFFEID(c.GetTrustDomain(),
 			orDefault(c.GetPodNamespace(), "default"), orDefault(c.GetServiceAccount(), "default")),
 		Key: caclient.KeyOptions{
 			RSAKeySize: int(c.GetRsaKeySize()), ECCSignatureAlgorithm: c.GetEccSignatureAlgorithm(),
@@ -104,12 +93,6 @@ func ServerOptions(c *agentv1.SDSConfig, root string) (Options, error) {
 		FilesOnly:     c.GetFilesOnly(),
 		FileDebounce:  c.GetFileDebounce().AsDuration(),
 		Root:          root,
-	}
-	if c.GetSecretTtl() == nil {
-		o.SecretTTL = 24 * time.Hour
-	}
-	if c.GetGracePeriodRatioJitter() == 0 {
-		o.GraceJitter = 0.01
 	}
 	if o.GraceRatio < 0 || o.GraceRatio > 1 {
 		return Options{}, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO %v: want a value in [0, 1]", o.GraceRatio)

@@ -283,8 +283,8 @@ func TestPlaintextCAWithoutRoot(t *testing.T) {
 	tc.hold = make(chan struct{})
 	root := t.TempDir()
 	missing := "var/run/secrets/istio/root-cert.pem"
-	cfg := &agentv1.SDSConfig{CaAddress: tc.addr, CaRootCert: missing, TrustAnchorsFile: missing, EccSignatureAlgorithm: "ECDSA"}
-	o, err := ServerOptions(cfg, root)
+	cfg := &agentv1.SDSConfig{CaAddress: tc.addr, CaRootCert: missing, TrustDomain: "cluster.local", EccSignatureAlgorithm: "ECDSA"}
+	o, err := configFrom(cfg, root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,9 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-func TestValidate(t *testing.T) {
+// TestConfigFromRefuses: what sds-server cannot run with is refused at Configure (agentd's
+// settings table refuses or replaces it first, at agentd's start).
+func TestConfigFromRefuses(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		c    *agentv1.SDSConfig
@@ -20,9 +22,9 @@ func TestValidate(t *testing.T) {
 		{"grace ratio above 1", &agentv1.SDSConfig{GracePeriodRatio: 1.5}, "SECRET_GRACE_PERIOD_RATIO"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			err := Validate(tt.c)
+			_, err := configFrom(tt.c, "")
 			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("Validate(%v) = %v, want an error containing %q (none when empty)", tt.c, err, tt.want)
+				t.Errorf("configFrom(%v) = %v, want an error containing %q (none when empty)", tt.c, err, tt.want)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package settings
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -89,10 +90,12 @@ type Env struct {
 	GracePeriodRatioJitter Ratio    `env:"SECRET_GRACE_PERIOD_RATIO_JITTER" envDefault:"0.01" to:"sds-server" bad:"warn"`
 	RSAKeySize             Count    `env:"WORKLOAD_RSA_KEY_SIZE" envDefault:"2048" to:"sds-server" bad:"warn"`
 	PKCS8Key               bool     `env:"PKCS8_KEY" to:"sds-server" bad:"warn"`
-	ECCSignatureAlgorithm  string   `env:"ECC_SIGNATURE_ALGORITHM" to:"sds-server" bad:"warn"`
-	ECCCurve               string   `env:"ECC_CURVE" envDefault:"P256" to:"sds-server" bad:"warn"`
-	FileMountedCerts       bool     `env:"FILE_MOUNTED_CERTS" to:"sds-server,xds-proxy" bad:"warn"`
-	OutputCerts            string   `env:"OUTPUT_CERTS" to:"sds-server,agentd" bad:"warn"`
+	// Istio's CSRs all fail with another signature algorithm than ECDSA: agentd refuses it at
+	// start, with the variable named. A curve other than P384 is P256, as in Istio.
+	ECCSignatureAlgorithm SignatureAlgorithm `env:"ECC_SIGNATURE_ALGORITHM" to:"sds-server" bad:"refuse"`
+	ECCCurve              Curve              `env:"ECC_CURVE" envDefault:"P256" to:"sds-server" bad:"warn"`
+	FileMountedCerts      bool               `env:"FILE_MOUNTED_CERTS" to:"sds-server,xds-proxy" bad:"warn"`
+	OutputCerts           string             `env:"OUTPUT_CERTS" to:"sds-server,agentd" bad:"warn"`
 
 	// DNS (dns-proxy).
 	DNSCapture         bool     `env:"ISTIO_META_DNS_CAPTURE" to:"dns-proxy,xds-proxy,envoy" bad:"warn"`
@@ -184,4 +187,27 @@ func (o *OptionalBool) UnmarshalText(b []byte) error {
 	}
 	*o = OptionalBool{Set: true, Value: v}
 	return nil
+}
+
+// SignatureAlgorithm is ECC_SIGNATURE_ALGORITHM: "" (RSA keys) or ECDSA.
+type SignatureAlgorithm string
+
+func (a *SignatureAlgorithm) UnmarshalText(b []byte) error {
+	if v := string(b); v != "" && !strings.EqualFold(v, "ECDSA") {
+		return fmt.Errorf("%q: want ECDSA (or unset, for RSA keys)", b)
+	}
+	*a = SignatureAlgorithm(strings.ToUpper(string(b)))
+	return nil
+}
+
+// Curve is ECC_CURVE: P256 or P384.
+type Curve string
+
+func (c *Curve) UnmarshalText(b []byte) error {
+	switch v := strings.ToUpper(string(b)); v {
+	case "P256", "P384":
+		*c = Curve(v)
+		return nil
+	}
+	return fmt.Errorf("%q: want P256 or P384", b)
 }

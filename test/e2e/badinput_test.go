@@ -106,6 +106,8 @@ func TestConfigThatDoesNotParse(t *testing.T) {
 		{"PROXY_CONFIG=concurrency: [not a number", "PROXY_CONFIG"},
 		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":`, "ISTIO_KUBE_APP_PROBERS"},
 		{`ISTIO_KUBE_APP_PROBERS={"/app-health/a/livez":{"httpGet":{"port":"http"}}}`, "ISTIO_KUBE_APP_PROBERS"},
+		// Every CSR would fail (Istio's too): refused at agentd's start, not in sds-server.
+		{"ECC_SIGNATURE_ALGORITHM=ED25519", "ECC_SIGNATURE_ALGORITHM"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -128,7 +130,7 @@ func TestConfigThatDoesNotParse(t *testing.T) {
 // does not stop agentd either: it is logged, naming the variable, and the tree becomes ready
 // (a typo must not crash-loop a pod Istio would run).
 func TestConfigIstioWarnsAbout(t *testing.T) {
-	for _, env := range []string{"DNS_FORWARD_TIMEOUT=soon", "SECRET_TTL=-1h", "ISTIO_DELTA_XDS=maybe", "ENVOY_STATUS_PORT=abc"} {
+	for _, env := range []string{"DNS_FORWARD_TIMEOUT=soon", "SECRET_TTL=-1h", "ISTIO_DELTA_XDS=maybe", "ENVOY_STATUS_PORT=abc", "ECC_CURVE=P999"} {
 		name, _, _ := strings.Cut(env, "=")
 		t.Run(name, func(t *testing.T) {
 			a := startAgentd(t, []string{env}, "--disable-envoy")
