@@ -1,5 +1,3 @@
-// Package dnsproxy is the DNS server of dns-proxy: it answers mesh names from Istio's name
-// table and forwards the rest to the resolv.conf nameservers.
 package dnsproxy
 
 import (
