@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/agentd/agentd/internal/devplane"
 	"github.com/agentd/agentd/internal/testing/ca"
+	"github.com/agentd/agentd/internal/testing/devplane"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/devplane/devplanetest"
+	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/agentd/agentd/internal/devplane/devplanetest"
+	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )

@@ -33,8 +33,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/agentd/agentd/internal/caclient"
-	"github.com/agentd/agentd/internal/devplane/devplanetest"
 	"github.com/agentd/agentd/internal/supervisor"
+	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
 )
 
 // The chaos test's clients follow the retry rules of the clients they stand for, and nothing

@@ -18,8 +18,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/agentd/agentd/internal/devplane/devplanetest"
 	"github.com/agentd/agentd/internal/supervisor"
+	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
 )
 
 // devplaneProc is a devplane process serving a services file.

@@ -31,7 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/agentd/agentd/internal/devplane"
+	"github.com/agentd/agentd/internal/testing/devplane"
 )
 
 func main() {

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/xds"
 
-	"github.com/agentd/agentd/internal/devplane"
 	"github.com/agentd/agentd/internal/grpcbootstrap"
+	"github.com/agentd/agentd/internal/testing/devplane"
 )
 
 // Target is the proxyless target of the test service.

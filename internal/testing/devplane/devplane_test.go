@@ -26,8 +26,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
-	"github.com/agentd/agentd/internal/devplane"
-	"github.com/agentd/agentd/internal/devplane/devplanetest"
+	"github.com/agentd/agentd/internal/testing/devplane"
+	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
