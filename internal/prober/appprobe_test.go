@@ -88,7 +88,7 @@ func freePort(t *testing.T) int {
 	return port
 }
 
-// startProber runs a Prober on a temp Unix socket behind agentd's probe forwarder on a
+// startProber runs the prober on a temp Unix socket behind agentd's probe forwarder on a
 // loopback port, and returns a client that talks to that port, as kubelet to the status port.
 func startProber(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *prometheus.Registry) {
 	c, reg, _ := startProberAt(t, cfg)
@@ -106,7 +106,7 @@ func startProberAt(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *prom
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	p, err := newProber(cfg, l, nil, nil, reg)
+	p, err := newHelper(cfg, l, nil, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,9 +433,9 @@ func TestParseKubeProbes(t *testing.T) {
 }
 
 func TestMalformedConfigFailsStart(t *testing.T) {
-	_, err := newProber(&agentv1.ProberConfig{KubeAppProbers: "{not json"}, nil, nil, nil, prometheus.NewRegistry())
+	_, err := newHelper(&agentv1.ProberConfig{KubeAppProbers: "{not json"}, nil, nil, nil, prometheus.NewRegistry())
 	if err == nil || !strings.Contains(err.Error(), "failed to decode app prober") {
-		t.Fatalf("newProber with malformed ISTIO_KUBE_APP_PROBERS = %v, want a decode error", err)
+		t.Fatalf("newHelper with malformed ISTIO_KUBE_APP_PROBERS = %v, want a decode error", err)
 	}
 }
 

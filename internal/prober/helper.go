@@ -22,5 +22,5 @@ func New(env *component.Env) (component.Helper, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	return newProber(cfg, l, env.Bus, env.Log, reg)
+	return newHelper(cfg, l, env.Bus, env.Log, reg)
 }

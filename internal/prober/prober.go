@@ -21,8 +21,9 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-// Prober is the prober helper.
-type Prober struct {
+// Helper is the prober as an agentd helper: the app probes and the health check, started and
+// stopped together.
+type Helper struct {
 	log      hclog.Logger
 	listener net.Listener
 	probes   *AppProbes
@@ -33,7 +34,7 @@ type Prober struct {
 	metrics  *metrics
 }
 
-func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, log hclog.Logger, reg prometheus.Registerer) (*Prober, error) {
+func newHelper(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, log hclog.Logger, reg prometheus.Registerer) (*Helper, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
@@ -42,7 +43,7 @@ func newProber(cfg *agentv1.ProberConfig, l net.Listener, bus *component.Bus, lo
 		return nil, err
 	}
 	m := newMetrics(reg)
-	p := &Prober{log: log, listener: l, bus: bus, metrics: m}
+	p := &Helper{log: log, listener: l, bus: bus, metrics: m}
 	// A flood of probes (a benchmark, a misconfigured period) leaves the heap at the
 	// high-water mark of its garbage: given back a second after it ends.
 	burst := &memory.Burst{Min: probeBurst}
@@ -92,11 +93,11 @@ func healthHost(cfg *agentv1.ProberConfig) string {
 }
 
 // Handler answers the app probe paths; agentd's status server forwards them here.
-func (p *Prober) Handler() http.Handler { return p.probes }
+func (p *Helper) Handler() http.Handler { return p.probes }
 
 // Run serves the connections agentd hands over on the "probe" socket and runs the health
 // check until ctx ends.
-func (p *Prober) Run(ctx context.Context) error {
+func (p *Helper) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		p.serving.Store(true)
@@ -109,14 +110,14 @@ func (p *Prober) Run(ctx context.Context) error {
 }
 
 // Ready is nil once app probes are served.
-func (p *Prober) Ready() error {
+func (p *Helper) Ready() error {
 	if !p.serving.Load() {
 		return errors.New("not serving app probes yet")
 	}
 	return nil
 }
 
-func (p *Prober) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
+func (p *Helper) publish(ctx context.Context, h *agentv1.WorkloadHealth) error {
 	p.metrics.observeHealth(h.GetHealthy())
 	if p.bus == nil {
 		return nil
