@@ -319,49 +319,47 @@ func assertOrder(t *testing.T, log string, texts ...string) {
 	}
 }
 
-// TestEnvoyExitStopsAgentd: with AGENTD_EXIT_ON_ENVOY_EXIT (Istio's behaviour) a kill -9 of
-// Envoy stops the whole tree, exit status 0, instead of a restart.
+// TestEnvoyExitStopsAgentd: Envoy exiting 0 (POST :15000/quitquitquit, as a Job's sidecar is
+// told to finish) stops agentd, exit 0, as Istio's agent; so does any exit of Envoy with
+// AGENTD_EXIT_ON_ENVOY_EXIT (Istio's behaviour on a crash). Envoy is not started again. A crash
+// without it is restarted in place (TestEnvoyKill9Restarted and the chaos test).
 func TestEnvoyExitStopsAgentd(t *testing.T) {
-	tree := startEnvoyTree(t, "", "AGENTD_EXIT_ON_ENVOY_EXIT=true")
-	pids := childPids(t, tree.WaitReady())
-	if err := syscall.Kill(pids["envoy"], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name  string
+		env   []string
+		exit  func(t *testing.T, tree *envoyTree, pid int)
+		order []string // log lines, in order
+	}{
+		{"clean exit", nil, func(t *testing.T, tree *envoyTree, _ int) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tree.admin.Quit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"Envoy exited normally", "Envoy exited cleanly: stopping agentd"}},
+		{"kill -9 with AGENTD_EXIT_ON_ENVOY_EXIT", []string{"AGENTD_EXIT_ON_ENVOY_EXIT=true"}, func(t *testing.T, _ *envoyTree, pid int) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"Envoy exited with error", "stopping agentd, as Istio's agent does"}},
 	}
-	if code := tree.Wait(); code != 0 {
-		t.Errorf("agentd exited %d, want 0", code)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tree := startEnvoyTree(t, "", tt.env...)
+			pids := childPids(t, tree.WaitReady())
+			tt.exit(t, tree, pids["envoy"])
+			if code := tree.Wait(); code != 0 {
+				t.Errorf("agentd exited %d, want 0", code)
+			}
+			for name, pid := range pids {
+				if alive(pid) {
+					t.Errorf("%s (pid %d) outlived agentd", name, pid)
+				}
+			}
+			if n := strings.Count(tree.Log.String(), "Envoy command"); n != 1 {
+				t.Errorf("Envoy was started %d times, want once", n)
+			}
+			assertOrder(t, tree.Log.String(), tt.order...)
+		})
 	}
-	for name, pid := range pids {
-		if alive(pid) {
-			t.Errorf("%s (pid %d) outlived agentd", name, pid)
-		}
-	}
-	if n := strings.Count(tree.Log.String(), "Envoy command"); n != 1 {
-		t.Errorf("Envoy was started %d times, want once", n)
-	}
-	assertOrder(t, tree.Log.String(), "Envoy exited with error", "stopping agentd, as Istio's agent does")
-}
-
-// TestEnvoyCleanExitStopsAgentd: Envoy exiting 0 (POST :15000/quitquitquit, as a Job's
-// sidecar is told to finish) stops agentd, exit 0, as Istio's agent; it is not restarted. A
-// crash is restarted in place (TestEnvoyRestartedAfterCrash and the chaos test).
-func TestEnvoyCleanExitStopsAgentd(t *testing.T) {
-	tree := startEnvoyTree(t, "")
-	pids := childPids(t, tree.WaitReady())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := tree.admin.Quit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if code := tree.Wait(); code != 0 {
-		t.Errorf("agentd exited %d after Envoy's clean exit, want 0", code)
-	}
-	for name, pid := range pids {
-		if alive(pid) {
-			t.Errorf("%s (pid %d) outlived agentd", name, pid)
-		}
-	}
-	if n := strings.Count(tree.Log.String(), "Envoy command"); n != 1 {
-		t.Errorf("Envoy was started %d times, want once", n)
-	}
-	assertOrder(t, tree.Log.String(), "Envoy exited normally", "Envoy exited cleanly: stopping agentd")
 }
