@@ -56,28 +56,44 @@ func Build(c *Config) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Write generates the bootstrap and writes it to path (atomically, 0644).
+// Write generates the bootstrap and writes it to path (atomically, 0644), with the files it
+// names (see writeFiles).
 func Write(c *Config, path string) error {
 	data, err := Build(c)
 	if err != nil {
 		return err
 	}
-	return writeFile(path, data)
+	return writeFiles(c, path, data)
 }
 
-// writeFile writes data to path atomically, 0644.
-func writeFile(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("write bootstrap: %w", err)
+// writeFiles writes the bootstrap data to path and, first, the files the bootstrap names
+// beside it, as pilot-agent does at each bootstrap write: with a Lightstep tracer, the access
+// token in LightstepTokenFile. path is the bootstrap in the ProxyConfig's configPath under
+// Envoy's working directory, so the token file is where the bootstrap's relative name points.
+func writeFiles(c *Config, path string, data []byte) error {
+	if ls := c.ProxyConfig.GetTracing().GetLightstep(); ls != nil {
+		// A secret: only Envoy, a child of agentd under its user, reads it (Istio: 0666).
+		if err := writeAtomic(filepath.Join(filepath.Dir(path), LightstepTokenFile), []byte(ls.GetAccessToken()), 0o600); err != nil {
+			return fmt.Errorf("write Lightstep's access token: %w", err)
+		}
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write bootstrap: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := writeAtomic(path, data, 0o644); err != nil {
 		return fmt.Errorf("write bootstrap: %w", err)
 	}
 	return nil
+}
+
+// writeAtomic writes data to path through a temporary file and a rename, so that a reader
+// sees the old file or the new one.
+func writeAtomic(path string, data []byte, perm os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, perm); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // object is one JSON object of the bootstrap in protojson's form, which Envoy reads: proto
@@ -336,6 +352,8 @@ func (d *derived) clusters() []object {
 		case "zipkin":
 			c = d.dnsCluster("zipkin", t.address)
 			c["dns_refresh_rate"] = "30s"
+		case "lightstep":
+			c = grpcCluster(d.dnsCluster("lightstep", t.address))
 		case "datadog":
 			c = d.dnsCluster("datadog_agent", t.address)
 		}
@@ -485,6 +503,10 @@ func (d *derived) tracing() object {
 			"collector_endpoint_version": "HTTP_JSON",
 			"trace_id_128bit":            true,
 			"shared_span_context":        false,
+		})}
+	case "lightstep":
+		return object{"http": extension("envoy.tracers.lightstep", "envoy.config.trace.v3.LightstepConfig", object{
+			"collector_cluster": "lightstep", "access_token_file": lightstepTokenPath(d.c.ProxyConfig),
 		})}
 	default:
 		return object{"http": extension("envoy.tracers.datadog", "envoy.config.trace.v3.DatadogConfig", object{

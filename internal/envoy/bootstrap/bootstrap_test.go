@@ -152,6 +152,9 @@ var goldenCases = []goldenCase{
 	// and the access log service (a client certificate from files), a $(HOST_IP) tracer.
 	{name: "tls", typ: Sidecar, env: append(slices.Clone(sidecarEnv), "HOST_IP=10.0.0.7"), ips: []string{"10.244.1.17"}, delta: true,
 		proxyEnv: tlsProxyConfig},
+	// Lightstep tracing (a gRPC cluster, the token file) with TLS to the collector from files.
+	{name: "lightstep", typ: Sidecar, env: sidecarEnv, labels: sidecarLabels, ips: []string{"10.244.1.17"}, delta: true,
+		proxyEnv: lightstepProxyConfig},
 	{name: "dualstack6", typ: Sidecar, env: vmEnv, proxyEnv: datadogProxyConfig, ips: []string{"fd00:10::5", "10.0.0.5"}, dualStack: true},
 }
 
@@ -189,6 +192,17 @@ envoyAccessLogService:
     clientCertificate: /etc/als/cert.pem
     privateKey: /etc/als/key.pem
     caCertificates: /etc/als/ca.pem
+`
+
+const lightstepProxyConfig = `
+tracing:
+  lightstep:
+    address: lightstep-satellite.monitoring:8080
+    accessToken: abcdefg1234567
+  tlsSettings:
+    mode: SIMPLE
+    caCertificates: /etc/lightstep/ca.pem
+    subjectAltNames: [lightstep-satellite.monitoring.svc]
 `
 
 const remoteProxyConfig = `

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"path"
 	"slices"
 	"sort"
 	"strconv"
@@ -67,9 +68,20 @@ type histogramBucket struct {
 type hostPort struct{ host, port string }
 
 type tracer struct {
-	kind    string // zipkin or datadog
+	kind    string // zipkin, lightstep or datadog
 	address hostPort
 	tls     object // the transport socket of tlsSettings, or nil
+}
+
+// LightstepTokenFile is the file, in the ProxyConfig's configPath, that holds Lightstep's
+// access token: Envoy's Lightstep tracer reads the token from a file, and pilot-agent writes
+// it there with each bootstrap.
+const LightstepTokenFile = "lightstep_access_token.txt"
+
+// lightstepTokenPath is the token file as the bootstrap names it (relative to Envoy's
+// working directory, as configPath is).
+func lightstepTokenPath(pc *meshv1.ProxyConfig) string {
+	return path.Join(pc.GetConfigPath(), LightstepTokenFile)
 }
 
 type remoteService struct {
@@ -137,18 +149,21 @@ func (d *derived) remotes() error {
 		switch tr := t.Tracer.(type) {
 		case *meshv1.Tracing_Zipkin_:
 			kind, addr = "zipkin", tr.Zipkin.GetAddress()
+		case *meshv1.Tracing_Lightstep_:
+			kind, addr = "lightstep", tr.Lightstep.GetAddress()
 		case *meshv1.Tracing_Datadog_:
 			kind, addr = "datadog", tr.Datadog.GetAddress()
 		case nil:
 		default:
-			return fmt.Errorf("tracer %T is not supported by agentd's bootstrap (zipkin or datadog)", t.Tracer)
+			return fmt.Errorf("tracer %T is not supported by agentd's bootstrap (zipkin, lightstep or datadog)", t.Tracer)
 		}
 		if addr != "" {
 			a, err := d.address(kind, addr)
 			if err != nil {
 				return fmt.Errorf("tracing: %w", err)
 			}
-			d.tracer = &tracer{kind: kind, address: a, tls: d.tlsSocket(t.GetTlsSettings(), "tracer", false)}
+			// Lightstep's collector speaks gRPC: its TLS keeps the ALPN, as Istio's does.
+			d.tracer = &tracer{kind: kind, address: a, tls: d.tlsSocket(t.GetTlsSettings(), "tracer", kind == "lightstep")}
 		}
 	}
 	if a := pc.GetStatsdUdpAddress(); a != "" {

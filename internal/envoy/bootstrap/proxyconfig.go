@@ -263,6 +263,14 @@ func ValidateProxyConfig(pc *meshv1.ProxyConfig) error {
 			errs = append(errs, fmt.Errorf("tracing.zipkin.address %q: %w", a, err))
 		}
 	}
+	if ls := pc.GetTracing().GetLightstep(); ls != nil { // both required, as Istio's validation
+		if err := validateHostPort(ls.GetAddress()); err != nil {
+			errs = append(errs, fmt.Errorf("tracing.lightstep.address %q: %w", ls.GetAddress(), err))
+		}
+		if ls.GetAccessToken() == "" {
+			errs = append(errs, errors.New("tracing.lightstep.accessToken is required"))
+		}
+	}
 	if a := pc.GetTracing().GetDatadog().GetAddress(); a != "" {
 		if err := validateHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("tracing.datadog.address %q: %w", a, err))

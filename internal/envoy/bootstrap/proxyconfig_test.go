@@ -98,6 +98,8 @@ func TestMergeProxyConfigErrors(t *testing.T) {
 		{"bad discovery address", ProxyConfigSources{Env: "discoveryAddress: istiod"}, "discoveryAddress"},
 		{"admin port clash", ProxyConfigSources{Env: "proxyAdminPort: 15020"}, "both 15020"},
 		{"negative drain", ProxyConfigSources{Env: "terminationDrainDuration: -5s"}, "terminationDrainDuration"},
+		{"lightstep without a token", ProxyConfigSources{Env: "tracing: {lightstep: {address: ls:8080}}"}, "tracing.lightstep.accessToken is required"},
+		{"lightstep without an address", ProxyConfigSources{Env: "tracing: {lightstep: {accessToken: t}}"}, "tracing.lightstep.address"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -69,7 +69,8 @@ func Render(c *Config, text []byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// RenderFile renders the template at templatePath and writes it to out (atomically, 0644).
+// RenderFile renders the template at templatePath and writes it to out (atomically, 0644),
+// with the files it names, as Write does.
 func RenderFile(c *Config, templatePath, out string) error {
 	text, err := os.ReadFile(templatePath)
 	if err != nil {
@@ -79,7 +80,7 @@ func RenderFile(c *Config, templatePath, out string) error {
 	if err != nil {
 		return fmt.Errorf("bootstrap template %s: %w", templatePath, err)
 	}
-	return writeFile(out, data)
+	return writeFiles(c, out, data)
 }
 
 // AsJSON is a rendered bootstrap as JSON: Envoy reads a .json file that is not strict JSON
@@ -238,6 +239,9 @@ func (d *derived) serviceParams(p params) error {
 	if t := d.tracer; t != nil {
 		p.set(t.kind, t.address.option())
 		p.setIf("tracing_tls", jsonOption(t.tls), t.tls != nil)
+	}
+	if pc.GetTracing().GetLightstep() != nil { // Istio names the token file even without an address
+		p.set("lightstepToken", lightstepTokenPath(pc))
 	}
 	if m := d.metrics; m != nil {
 		p.set("envoy_metrics_service_address", m.address.option())
