@@ -101,6 +101,11 @@ def dump(doc, name):
 dump(load(os.path.join(stack, "record", "bootstrap.json")), "bootstrap.json")
 dump(load(os.path.join(root, "etc/istio/proxy/grpc-bootstrap.json")), "grpc-bootstrap.json")
 open(os.path.join(dest, "envoy-argv.txt"), "w").write(norm(open(os.path.join(stack, "record", "envoy-argv.txt")).read()))
+# Files pilot-agent writes beside the bootstrap (compat_test.go's sideFiles).
+for name in ("lightstep_access_token.txt",):
+    p = os.path.join(root, "etc/istio/proxy", name)
+    if os.path.exists(p):
+        open(os.path.join(dest, name), "w").write(open(p).read())
 PY
 	fi
 	rm -rf "$stack"
@@ -134,10 +139,16 @@ def diff(path, got, want, acc):
 ref = os.path.join(out, "pilot-agent")
 for name in sorted(os.listdir(ref)):
     for agent in ("agentd-template", "agentd-own"):
-        for f in ("bootstrap.json", "grpc-bootstrap.json", "envoy-argv.txt"):
+        for f in ("bootstrap.json", "grpc-bootstrap.json", "envoy-argv.txt", "lightstep_access_token.txt"):
             a, b = os.path.join(out, agent, name, f), os.path.join(ref, name, f)
+            if f == "lightstep_access_token.txt" and not os.path.exists(a) and not os.path.exists(b):
+                continue  # written with a Lightstep tracer only
             if not os.path.exists(a) or not os.path.exists(b):
                 print(f"{name} {agent} {f}: not recorded"); continue
+            if f == "lightstep_access_token.txt":
+                if open(a).read() != open(b).read():
+                    print(f"{name} {agent} {f}: differs")
+                continue
             if f.endswith(".txt"):
                 if open(a).read().split() != open(b).read().split():
                     print(f"{name} {agent} {f}: differs")

@@ -80,7 +80,12 @@ func baseEnv(stack string) []string {
 type outputs struct {
 	bootstrap, grpcBootstrap map[string]any
 	argv                     []string
+	sideFiles                map[string]string // sideFiles present beside the bootstrap, by name
 }
+
+// sideFiles are the files pilot-agent writes beside the bootstrap, in configPath, that a case
+// records when pilot-agent wrote them.
+var sideFiles = []string{bootstrap.LightstepTokenFile}
 
 // run runs `agentd proxy sidecar` for the case in a private network namespace until the
 // Envoy stand-in has recorded its start and the gRPC bootstrap is written, then stops it.
@@ -194,6 +199,12 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 		t.Fatal(err)
 	}
 	o.argv = strings.Fields(norm.Replace(string(argv)))
+	o.sideFiles = map[string]string{}
+	for _, name := range sideFiles {
+		if data, err := os.ReadFile(filepath.Join(root, "etc/istio/proxy", name)); err == nil {
+			o.sideFiles[name] = string(data)
+		}
+	}
 	if t.Failed() || testing.Verbose() {
 		t.Logf("agentd's log:\n%s", log.String())
 	}
@@ -298,8 +309,8 @@ func TestPilotAgentOutputs(t *testing.T) {
 			dirs = append(dirs, abs)
 		}
 	}
-	if len(dirs) < 7 {
-		t.Fatalf("%d recorded cases; want the 5 of the reference and the 2 of testdata", len(dirs))
+	if len(dirs) < 8 {
+		t.Fatalf("%d recorded cases; want the 5 of the reference and the 3 of testdata", len(dirs))
 	}
 	for _, caseDir := range dirs {
 		for _, mode := range []struct{ name, template string }{
@@ -324,6 +335,15 @@ func TestPilotAgentOutputs(t *testing.T) {
 				}
 				if w := strings.Fields(string(want)); !slices.Equal(got.argv, w) {
 					t.Errorf("Envoy's argv:\n got %q\nwant %q", got.argv, w)
+				}
+				for _, name := range sideFiles {
+					want, err := os.ReadFile(filepath.Join(caseDir, name))
+					if err != nil && !os.IsNotExist(err) {
+						t.Fatal(err)
+					}
+					if g, ok := got.sideFiles[name]; ok != (err == nil) || g != string(want) {
+						t.Errorf("%s beside the bootstrap: got %q (written: %v), want %q (written: %v)", name, g, ok, want, err == nil)
+					}
 				}
 			})
 		}
