@@ -34,6 +34,11 @@ func ServeVersion(version int, name string, f Factory) {
 	}
 	// JSON on stderr: agentd re-logs each line under the child's name at its level.
 	log := hclog.New(&hclog.LoggerOptions{Name: name, Level: level, JSONFormat: true, Output: os.Stderr})
+	// agentd starts a helper from the open file it verified (execveat), which names the process
+	// after the descriptor ("5"): ps, top and /proc/PID/comm show the helper's name instead.
+	if err := setProcessName(name); err != nil {
+		log.Debug("cannot name the process", "error", err)
+	}
 
 	files, err := inheritedSockets()
 	if err != nil {
@@ -202,4 +207,10 @@ func (s *childServer) Metrics(context.Context, *agentv1.MetricsRequest) (*agentv
 		}
 	}
 	return &agentv1.MetricsResponse{Text: buf.Bytes()}, nil
+}
+
+// setProcessName names the process (its main thread's comm, what ps and top show; the kernel
+// keeps 15 bytes).
+func setProcessName(name string) error {
+	return os.WriteFile("/proc/self/comm", []byte(name), 0)
 }
