@@ -189,7 +189,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		func() error { a.stop(ctx, cancel, supervised); return nil },
 	}
 	for _, t := range tasks {
-		g.Go(t)
+		g.Go(func() error {
+			err := t()
+			if err != nil {
+				cancel(err) // a task that fails stops the others, the tree with them
+			}
+			return err
+		})
 	}
 	err := g.Wait()
 	if cause := context.Cause(ctx); errors.Is(cause, errStatusFailed) {

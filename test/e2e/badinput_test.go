@@ -154,3 +154,24 @@ func TestProxyStartErrorExits255(t *testing.T) {
 		t.Errorf("agentd proxy with a PROXY_CONFIG that does not parse: exit %d, want 255 and a message naming it:\n%s", code, out)
 	}
 }
+
+// TestTaskFailureStopsAgentd: a task of agentd that cannot run (here the control socket, whose
+// path under a too long root does not fit a Unix socket address) stops agentd with an error
+// naming it, the children with it, instead of leaving the other tasks running.
+func TestTaskFailureStopsAgentd(t *testing.T) {
+	root := filepath.Join(t.TempDir(), strings.Repeat("r", 100))
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("agentd"), "run", "--root", root, "--helpers-dir", binDir,
+		"--disable-envoy", "--dns-address", "127.0.0.1:0", "--status-port", strconv.Itoa(freePort(t)))
+	cmd.Env = append(os.Environ(), caEnv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	if ctx.Err() != nil || err == nil || !strings.Contains(string(out), "control") {
+		t.Errorf("agentd with a control socket path too long: %v (deadline: %v), want a prompt exit naming the control socket:\n%s", err, ctx.Err(), out)
+	}
+}

@@ -325,19 +325,19 @@ func assertOrder(t *testing.T, log string, texts ...string) {
 // without it is restarted in place (TestEnvoyKill9Restarted and the chaos test).
 func TestEnvoyExitStopsAgentd(t *testing.T) {
 	tests := []struct {
-		name  string
+		name  string // short: the root's Unix socket paths hold it
 		env   []string
 		exit  func(t *testing.T, tree *envoyTree, pid int)
 		order []string // log lines, in order
 	}{
-		{"clean exit", nil, func(t *testing.T, tree *envoyTree, _ int) {
+		{"clean", nil, func(t *testing.T, tree *envoyTree, _ int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := tree.admin.Quit(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}, []string{"Envoy exited normally", "Envoy exited cleanly: stopping agentd"}},
-		{"kill -9 with AGENTD_EXIT_ON_ENVOY_EXIT", []string{"AGENTD_EXIT_ON_ENVOY_EXIT=true"}, func(t *testing.T, _ *envoyTree, pid int) {
+		{"crash", []string{"AGENTD_EXIT_ON_ENVOY_EXIT=true"}, func(t *testing.T, _ *envoyTree, pid int) {
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
