@@ -5,9 +5,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
-	"syscall"
 	"testing"
+
+	"github.com/agentd/agentd/internal/testing/asuser"
 )
 
 // TestOwnerOnly: on a socket open to all (0666), a client of another user is refused and a
@@ -59,34 +59,17 @@ func TestOwnerOnly(t *testing.T) {
 	}
 }
 
-// readAs connects to path from a thread running as uid and returns what it reads until EOF.
-// The thread changes its own user only (a raw setresuid, not Go's process-wide one) and
-// ends with its goroutine, locked.
+// readAs connects to path as uid and returns what it reads until EOF.
 func readAs(t *testing.T, uid int, path string) string {
 	t.Helper()
-	type result struct {
-		s   string
-		err error
+	c, err := asuser.Dial(uid, path)
+	if err != nil {
+		t.Fatalf("client as uid %d: %v", uid, err)
 	}
-	rc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread goes away with this user
-		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), 0); e != 0 {
-			rc <- result{err: e}
-			return
-		}
-		c, err := net.Dial("unix", path)
-		if err != nil {
-			rc <- result{err: err}
-			return
-		}
-		defer c.Close()
-		b, err := io.ReadAll(c)
-		rc <- result{string(b), err}
-	}()
-	r := <-rc
-	if r.err != nil {
-		t.Fatalf("client as uid %d: %v", uid, r.err)
+	defer c.Close()
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("client as uid %d: %v", uid, err)
 	}
-	return r.s
+	return string(b)
 }

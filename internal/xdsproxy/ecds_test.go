@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	httprbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -50,34 +49,10 @@ func wasmPlugin(t testing.TB, name, url, sha string, policy wasmv3.FailurePolicy
 	return a
 }
 
-// loaded says what an ECDS resource makes Envoy load: "file:<path>", "allow", "deny",
-// "remote" (which must never reach the client) or "other".
+// loaded says what an ECDS resource makes Envoy load (wasmtest.Loads).
 func loaded(t testing.TB, a *anypb.Any) string {
-	t.Helper()
-	ec := &corev3.TypedExtensionConfig{}
-	if err := a.UnmarshalTo(ec); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ec.GetTypedConfig().UnmarshalNew()
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch m := m.(type) {
-	case *httpwasm.Wasm:
-		code := m.GetConfig().GetVmConfig().GetCode()
-		if code.GetRemote() != nil {
-			return "remote"
-		}
-		return "file:" + code.GetLocal().GetFilename()
-	case *httprbac.RBAC:
-		if m.GetRules() == nil && m.GetRulesStatPrefix() == "wasm-default-allow" {
-			return "allow"
-		}
-		if m.GetRules() != nil && len(m.GetRules().GetPolicies()) == 0 && m.GetRulesStatPrefix() == "wasm-default-deny" {
-			return "deny"
-		}
-	}
-	return "other"
+	_, what := wasmtest.Loads(t, a)
+	return what
 }
 
 // ecdsClient is a raw ADS client stream of either flavour that reads resources.

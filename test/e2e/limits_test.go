@@ -7,13 +7,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentd/agentd/internal/testing/asuser"
 )
 
 // limitFDs limits process pid to n open file descriptors, soft and hard: the processes it
@@ -127,33 +128,17 @@ func TestSDSSocketOwnerOnly(t *testing.T) {
 	}
 }
 
-// firstBytesAs connects to a Unix socket from a thread running as uid (a raw setresuid: this
-// thread only, which ends with its goroutine) and counts what the server sends within 3 s.
+// firstBytesAs connects to a Unix socket as uid and counts what the server sends within 3 s.
 func firstBytesAs(uid int, path string) (int, error) {
-	type result struct {
-		n   int
-		err error
+	c, err := asuser.Dial(uid, path)
+	if err != nil {
+		return 0, err
 	}
-	rc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread goes away with this user
-		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), 0); e != 0 {
-			rc <- result{err: e}
-			return
-		}
-		c, err := net.Dial("unix", path)
-		if err != nil {
-			rc <- result{err: err}
-			return
-		}
-		defer c.Close()
-		c.SetReadDeadline(time.Now().Add(3 * time.Second))
-		n, err := c.Read(make([]byte, 64))
-		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, os.ErrDeadlineExceeded) {
-			err = nil
-		}
-		rc <- result{n, err}
-	}()
-	r := <-rc
-	return r.n, r.err
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, err := c.Read(make([]byte, 64))
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil
+	}
+	return n, err
 }

@@ -16,12 +16,9 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	httprbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
-	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/agentd/agentd/internal/envoy"
@@ -135,7 +132,7 @@ func TestWasmThroughAgentd(t *testing.T) {
 	})
 	byName := map[string]string{}
 	for _, r := range resp.GetResources() {
-		name, what := loads(t, r)
+		name, what := wasmtest.Loads(t, r)
 		byName[name] = what
 	}
 	for i, c := range cases {
@@ -227,33 +224,4 @@ func subscribeECDS(t *testing.T, root string, names []string) discoveryv3.Aggreg
 		t.Fatal(err)
 	}
 	return s
-}
-
-// loads says what an ECDS resource makes Envoy load: "file:<path>", "allow", "deny",
-// "remote" or "other".
-func loads(t *testing.T, a *anypb.Any) (name, what string) {
-	t.Helper()
-	ec := &corev3.TypedExtensionConfig{}
-	if err := a.UnmarshalTo(ec); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ec.GetTypedConfig().UnmarshalNew()
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch m := m.(type) {
-	case *httpwasm.Wasm:
-		if code := m.GetConfig().GetVmConfig().GetCode(); code.GetLocal() != nil {
-			return ec.GetName(), "file:" + code.GetLocal().GetFilename()
-		}
-		return ec.GetName(), "remote"
-	case *httprbac.RBAC:
-		switch {
-		case m.GetRules() == nil && m.GetRulesStatPrefix() == "wasm-default-allow":
-			return ec.GetName(), "allow"
-		case m.GetRules() != nil && len(m.GetRules().GetPolicies()) == 0 && m.GetRulesStatPrefix() == "wasm-default-deny":
-			return ec.GetName(), "deny"
-		}
-	}
-	return ec.GetName(), "other"
 }
