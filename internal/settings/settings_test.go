@@ -7,6 +7,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/testing/protocmp"
+	meshv1 "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/yaml"
 )
 
 // TestPilotAgentCoverage: every variable and flag Istio's pilot-agent reads is in the Env
@@ -128,5 +134,47 @@ func TestStatusPortAnnotationThatDoesNotParse(t *testing.T) {
 	}
 	if s.StatusPort != 0 {
 		t.Errorf("status port = %d, want 0 (no status server)", s.StatusPort)
+	}
+}
+
+// TestMergeAsPilotAgent: the mesh file, PROXY_CONFIG and the annotation of testdata/merge give
+// the effective ProxyConfig Istio's pilot-agent logged for them (testdata/merge/README.md):
+// top-level fields replaced whole, null left alone, proxyMetadata merged, proxyHeaders kept.
+func TestMergeAsPilotAgent(t *testing.T) {
+	root := t.TempDir()
+	for src, dst := range map[string]string{"mesh.yaml": "etc/istio/config/mesh", "annotations": "etc/istio/pod/annotations"} {
+		b, err := os.ReadFile(filepath.Join("testdata/merge", src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, dst)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, dst), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env, err := os.ReadFile("testdata/merge/proxy-config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Resolve(Flags{Root: root, HelpersDir: root}, []string{"PROXY_CONFIG=" + strings.TrimSpace(string(env))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/merge/pilot-agent-effective.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPC := &meshv1.ProxyConfig{}
+	if err := protojson.Unmarshal(js, wantPC); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(wantPC, s.ProxyConfig, protocmp.Transform()); d != "" {
+		t.Errorf("merged ProxyConfig differs from pilot-agent's (-pilot-agent +agentd):\n%s", d)
 	}
 }
