@@ -36,7 +36,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "dns-address", Usage: "dns-proxy's UDP and TCP address (default: DNS_PROXY_ADDR, localhost:15053)"},
 			&cli.StringFlag{Name: "resolv-conf", Usage: "dns-proxy's upstream nameservers and search list (default: /etc/resolv.conf)"},
 			&cli.IntFlag{Name: "status-port", Usage: "status server port (default: ProxyConfig statusPort, 15020)"},
-			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "how long the start waits for a helper to be ready before it starts Envoy anyway"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: supervisor.DefaultReadyTimeout, Usage: "how long a new helper process may take to be ready before it is reported as not ready (a swap: refused)"},
 			&cli.DurationFlag{Name: "drain-timeout", Value: supervisor.DefaultDrainTimeout, Usage: "time a child has to drain when stopped"},
 			&cli.DurationFlag{Name: "stop-timeout", Value: supervisor.DefaultStopTimeout, Usage: "time a drained child has to exit before SIGKILL"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"AGENTD_LOG_LEVEL"}, Usage: "trace, debug, info, warn, error"},

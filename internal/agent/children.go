@@ -36,10 +36,11 @@ type configs struct {
 // childTable is the child table; children stop in the reverse order. The prober first, so that
 // it stops last: kubelet's probes reach it from the start and it answers them until the very
 // end of a stop. Then sds-server (Envoy still needs certificates while it drains), xds-proxy,
-// dns-proxy, and Envoy last, so that it stops first. The helpers start side by side: each
-// needs nothing from the others to start (the bus replays what one waits for, and xds-proxy
-// reads a client certificate file at each handshake, so one written later is used at the
-// next). Envoy starts once the helpers it connects to are ready.
+// dns-proxy, and Envoy last, so that it stops first. They all start side by side: each needs
+// nothing from the others to start (the bus replays what one waits for, xds-proxy reads a
+// client certificate file at each handshake, so one written later is used at the next, and
+// Envoy's first xDS and SDS streams wait in the queues of agentd's sockets until xds-proxy
+// and sds-server serve them, as Envoy waits for pilot-agent's SDS server).
 func (a *Agent) childTable(c *configs) []supervisor.Child {
 	var out []supervisor.Child
 	if c.prober != nil {
@@ -66,8 +67,6 @@ func (a *Agent) childTable(c *configs) []supervisor.Child {
 		}
 		out = append(out, supervisor.Child{
 			Name: "envoy", Binary: envoyBinary(a.s), Launch: envoy.Launch(run),
-			// Its first xDS and SDS streams are answered at once rather than queued.
-			After:        []string{"sds-server", "xds-proxy"},
 			DrainTimeout: envoyDrainTimeout(run),
 			ReadyTimeout: envoyReadyTimeout,
 		})

@@ -37,19 +37,13 @@ type Socket struct {
 	Mode    os.FileMode // permissions of a Unix socket (default 0600)
 }
 
-// Child describes one supervised child as data. Children stop in the reverse order of the
-// list; each starts as soon as the children named in its After are ready.
+// Child describes one supervised child as data. Children start side by side and stop in the
+// reverse order of the list.
 type Child struct {
 	Name    string
 	Binary  string
 	Sockets []Socket
 	Launch  Launch
-	// After names the children, earlier in the list, that this one waits for: it starts once
-	// each is ready or has passed its ReadyTimeout. The others start at once, side by side:
-	// their sockets are the parent's, so a client that reaches one before it serves waits in
-	// the socket's queue rather than failing.
-	After []string
-
 	// Per-child deadlines; zero takes the supervisor's (Options). Envoy waits on its control
 	// plane longer than a helper may take to start, and drains for as long as it is told to.
 	ReadyTimeout time.Duration

@@ -14,6 +14,12 @@ import (
 // loop keeps one child running until ctx ends, then stops it.
 func (s *Supervisor) loop(ctx context.Context, c *child) {
 	defer s.setState(c, Stopped)
+	defer func() {
+		c.mu.Lock()
+		c.exe.close()
+		c.exe = nil
+		c.mu.Unlock()
+	}()
 
 	c.mu.Lock()
 	binary := c.Binary
@@ -22,9 +28,9 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 	for {
 		if inst == nil {
 			s.setState(c, Starting)
-			var sum string
+			var exe *openFile
 			var err error
-			inst, sum, err = s.launch(ctx, c, binary, nil)
+			inst, exe, err = s.launch(ctx, c, binary, nil)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -44,7 +50,7 @@ func (s *Supervisor) loop(ctx context.Context, c *child) {
 					continue
 				}
 			} else {
-				s.adopt(c, inst, binary, sum)
+				s.adopt(c, inst, binary, "", exe)
 			}
 		}
 		if inst != nil {
@@ -125,7 +131,7 @@ func (s *Supervisor) backoff(ctx context.Context, c *child, wait time.Duration, 
 				cmd.reply <- err
 				continue
 			}
-			s.adopt(c, inst, cmd.binary, sum)
+			s.adopt(c, inst, cmd.binary, sum, nil)
 			c.mu.Lock()
 			c.failures = 0
 			c.mu.Unlock()
@@ -179,7 +185,7 @@ func (s *Supervisor) serve(ctx context.Context, c *child, inst Instance) (restar
 				c.log.Info("swap: new process ready, stopping the old one", "old_pid", inst.Pid(), "new_pid", next.Pid())
 				unwatch()
 				s.stop(c, inst)
-				s.adopt(c, next, cmd.binary, sum)
+				s.adopt(c, next, cmd.binary, sum, nil)
 				inst = next
 				hung, unwatch = s.watchHealth(ctx, c, inst)
 				cmd.reply <- nil
@@ -231,7 +237,7 @@ func (s *Supervisor) watchHealth(ctx context.Context, c *child, inst Instance) (
 // startNew starts a swap's binary beside the running process and waits until it is ready.
 func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Instance, string, error) {
 	c.log.Info("swap: starting new binary", "binary", cmd.binary, "sha256", cmd.sha256)
-	inst, sum, err := s.launch(ctx, c, cmd.binary, cmd.exe)
+	inst, _, err := s.launch(ctx, c, cmd.binary, cmd.exe)
 	if err == nil {
 		if err = s.waitReady(ctx, inst, cmd.timeout); err != nil {
 			s.stop(c, inst)
@@ -241,60 +247,52 @@ func (s *Supervisor) startNew(ctx context.Context, c *child, cmd command) (Insta
 		c.log.Error("swap refused, the old process keeps serving", "binary", cmd.binary, "error", err)
 		return nil, "", fmt.Errorf("swap %s to %s: %w (the old process keeps serving)", c.Name, cmd.binary, err)
 	}
-	c.log.Info("ready", "pid", inst.Pid(), "sha256", sum)
-	return inst, sum, nil
+	c.log.Info("ready", "pid", inst.Pid(), "sha256", cmd.sha256)
+	return inst, cmd.sha256, nil
 }
 
 // launch starts a process of c from binary: it runs and serves its sockets when launch
 // returns. Whether it is ready is another question (a dns-proxy waits for its first name
 // table): not being ready is reported, never a reason to kill it.
 //
-// The process runs the file launch opened and hashed, not whatever binary names by the time
-// of the exec: the open file goes down in the context (proc.WithExecutable) to a Launch that
-// execs it, and /proc/PID/exe is checked against it after the start, for a Launch that
-// execs the path instead (Envoy). The SHA-256 returned is the one of the running file, or ""
-// when that cannot be shown. A swap hands in the file it opened and verified (verified): then
-// a process that cannot be shown to run it is stopped and an error returned.
-func (s *Supervisor) launch(ctx context.Context, c *child, binary string, verified *openFile) (Instance, string, error) {
-	var exe *os.File
-	var id fileID
-	if verified != nil {
-		exe, id = verified.f, verified.id
-	} else {
-		var err error
-		if exe, id, err = openBinary(binary); err != nil {
-			return nil, "", err
+// The process runs the file launch opened, not whatever binary names by the time of the exec:
+// the open file goes down in the context (proc.WithExecutable) to a Launch that execs it, and
+// /proc/PID/exe is checked against it after the start, for a Launch that execs the path
+// instead (Envoy). A swap hands in the file it opened and verified (verified): then a process
+// that cannot be shown to run it is stopped and an error returned. Otherwise launch returns
+// the open file the process runs, for its SHA-256 to be computed when first asked
+// (Statuses): hashing on the start's path cost 20-80 ms per binary (a real Envoy's 130 MB, far
+// more), or nil when the process cannot be shown to run it.
+func (s *Supervisor) launch(ctx context.Context, c *child, binary string, verified *openFile) (Instance, *openFile, error) {
+	exe := verified
+	if exe == nil {
+		f, id, err := openBinary(binary)
+		if err != nil {
+			return nil, nil, err
 		}
-		defer exe.Close()
+		exe = &openFile{f, id}
 	}
-	// The binary's first hash (about 18 ms for agentd's) runs beside the process's start.
-	type hashed struct {
-		sum string
-		err error
-	}
-	hc := make(chan hashed, 1)
-	go func() {
-		sum, err := s.hashes.fileSum(exe, id)
-		hc <- hashed{sum, err}
-	}()
-	inst, err := c.Launch(proc.WithState(proc.WithExecutable(ctx, exe), c.state), binary, c.files)
-	h := <-hc
+	inst, err := c.Launch(proc.WithState(proc.WithExecutable(ctx, exe.f), c.state), binary, c.files)
 	if err != nil {
-		return nil, "", err
+		if verified == nil {
+			exe.close()
+		}
+		return nil, nil, err
 	}
-	if h.err == nil {
-		h.err = runs(inst.Pid(), exe, id)
-	}
+	err = runs(inst.Pid(), exe.f, exe.id)
 	switch {
-	case h.err != nil && verified != nil:
+	case err != nil && verified != nil:
 		s.stop(c, inst)
-		return nil, "", fmt.Errorf("pid %d stopped: it may not run the verified %s: %w", inst.Pid(), binary, h.err)
-	case h.err != nil:
-		c.log.Warn("started, but its binary's SHA-256 is unknown", "pid", inst.Pid(), "error", h.err)
-		h.sum = ""
+		return nil, nil, fmt.Errorf("pid %d stopped: it may not run the verified %s: %w", inst.Pid(), binary, err)
+	case err != nil:
+		c.log.Warn("started, but its binary's SHA-256 is unknown", "pid", inst.Pid(), "error", err)
+		exe.close()
+		exe = nil
+	case verified != nil:
+		exe = nil // the swap's caller owns it and knows its SHA-256
 	}
 	c.log.Info("started", "pid", inst.Pid())
-	return inst, h.sum, nil
+	return inst, exe, nil
 }
 
 // runs checks that process pid executes the open file exe, still as it was (identity id).
@@ -307,7 +305,7 @@ func runs(pid int, exe *os.File, id fileID) error {
 		return fmt.Errorf("check the executable of pid %d: %w", pid, err)
 	}
 	if st.Dev != id.dev || st.Ino != id.ino {
-		return fmt.Errorf("pid %d runs another file than the %s that was hashed (replaced meanwhile)", pid, exe.Name())
+		return fmt.Errorf("pid %d runs another file than the %s that was opened (replaced meanwhile)", pid, exe.Name())
 	}
 	return nil
 }
@@ -370,8 +368,12 @@ func (s *Supervisor) stopWithin(c *child, inst Instance, drain time.Duration) {
 	c.mu.Unlock()
 }
 
-func (s *Supervisor) adopt(c *child, inst Instance, binary, sum string) {
+// adopt makes inst the child's running process. Its binary's SHA-256 is sum, or, when sum is
+// "", the one of exe, computed when first asked (Statuses).
+func (s *Supervisor) adopt(c *child, inst Instance, binary, sum string, exe *openFile) {
 	c.mu.Lock()
+	c.exe.close()
+	c.exe = exe
 	c.inst, c.lastErr = inst, nil
 	c.status.Pid = inst.Pid()
 	c.status.Binary = binary

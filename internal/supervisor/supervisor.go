@@ -165,8 +165,9 @@ type child struct {
 	status   Status
 	inst     Instance
 	lastErr  error
-	failures int      // exits in a row without a stable run
-	answered Instance // the last process that answered a Ready call (see watchHealth)
+	failures int       // exits in a row without a stable run
+	answered Instance  // the last process that answered a Ready call (see watchHealth)
+	exe      *openFile // the running process's binary, until its SHA-256 is known (Statuses)
 }
 
 // New returns a supervisor for children, which start in that order.
@@ -201,11 +202,6 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 		if _, dup := s.byName[spec.Name]; dup {
 			return nil, fmt.Errorf("two children named %q", spec.Name)
 		}
-		for _, name := range spec.After {
-			if _, ok := s.byName[name]; !ok {
-				return nil, fmt.Errorf("child %q starts after %q, which is not a child before it", spec.Name, name)
-			}
-		}
 		c := &child{
 			Child:  spec,
 			log:    opts.Log.Named(spec.Name),
@@ -220,9 +216,10 @@ func New(children []Child, opts Options) (*Supervisor, error) {
 	return s, nil
 }
 
-// Run opens the children's sockets, starts the children (each once the children of its After
-// are ready, or past their ReadyTimeout), keeps them running until ctx ends, then stops them
-// in reverse order and closes the sockets.
+// Run opens the children's sockets, starts the children side by side, keeps them running
+// until ctx ends, then stops them in reverse order and closes the sockets. The children need
+// not wait for each other: their sockets are the parent's, so a client that reaches one before
+// it serves (Envoy dialling xds-proxy) waits in the socket's queue rather than failing.
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.hardStop()
 	if err := s.openSockets(); err != nil {
@@ -230,37 +227,15 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	defer s.closeSockets()
 
-	// awaited[name] is closed when that child is ready, past its ReadyTimeout, or not started
-	// because ctx ended first.
-	awaited := make(map[string]chan struct{}, len(s.children))
-	for _, c := range s.children {
-		awaited[c.Name] = make(chan struct{})
-	}
 	stops := make([]func(), len(s.children))
 	for i, c := range s.children {
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			for _, name := range c.After {
-				select {
-				case <-awaited[name]:
-				case <-ctx.Done():
-				}
-			}
-			if ctx.Err() != nil {
-				close(awaited[c.Name])
-				return
-			}
-			loopDone := make(chan struct{})
-			go func() {
-				defer close(loopDone)
-				s.loop(cctx, c)
-			}()
-			s.awaitReady(ctx, c)
-			close(awaited[c.Name])
-			<-loopDone
+			s.loop(cctx, c)
 		}()
+		go s.awaitReady(ctx, c)
 		stops[i] = func() { cancel(); <-done }
 	}
 	<-ctx.Done()
@@ -280,8 +255,8 @@ func (s *Supervisor) StopBudget() time.Duration {
 	return d
 }
 
-// awaitReady waits until c is ready, or its ReadyTimeout has passed: the next child starts
-// then either way, and a child that is still not ready is reported by Ready.
+// awaitReady logs c's first readiness, or that it was not ready within its ReadyTimeout (Ready
+// goes on reporting it).
 func (s *Supervisor) awaitReady(ctx context.Context, c *child) {
 	ctx, cancel := context.WithTimeout(ctx, c.ReadyTimeout)
 	defer cancel()
@@ -298,7 +273,7 @@ func (s *Supervisor) awaitReady(ctx context.Context, c *child) {
 		select {
 		case <-ctx.Done():
 			if err := s.childReady(context.WithoutCancel(ctx), c); err != nil {
-				c.log.Warn("not ready yet: starting the next child", "reason", err)
+				c.log.Warn("not ready within its start deadline", "timeout", c.ReadyTimeout, "reason", err)
 			}
 			return
 		case <-tick.C:
@@ -313,6 +288,7 @@ func (s *Supervisor) Kill() { s.hardStop() }
 func (s *Supervisor) Statuses() []Status {
 	out := make([]Status, 0, len(s.children))
 	for _, c := range s.children {
+		s.hashRunning(c)
 		c.mu.Lock()
 		out = append(out, c.status)
 		c.mu.Unlock()
@@ -488,8 +464,9 @@ type command struct {
 }
 
 // binaryHashes remembers the SHA-256 of the binaries already read, by file identity: every
-// helper of a links layout is agentd's own 45 MB binary, hashed once instead of once per
-// start (about 18 ms each). A file replaced or rewritten in place has another identity.
+// helper of a links layout is agentd's own binary, hashed once (when `agentd status` first
+// asks) instead of once per process (about 20 ms each). A file replaced or rewritten in place
+// has another identity.
 type binaryHashes struct {
 	mu   sync.Mutex
 	sums map[fileID]string
@@ -535,6 +512,37 @@ func (h *binaryHashes) sum(path string) (string, error) {
 type openFile struct {
 	f  *os.File
 	id fileID
+}
+
+// close closes f; a nil openFile is nothing to close.
+func (o *openFile) close() {
+	if o != nil {
+		_ = o.f.Close()
+	}
+}
+
+// hashRunning computes the SHA-256 of the binary c's process runs, if not known yet. The
+// file is taken from c while it is read, so that a new process adopted meanwhile neither
+// closes it under the read nor gets its sum.
+func (s *Supervisor) hashRunning(c *child) {
+	c.mu.Lock()
+	exe, inst := c.exe, c.inst
+	c.exe = nil
+	c.mu.Unlock()
+	if exe == nil {
+		return
+	}
+	defer exe.close()
+	sum, err := s.hashes.fileSum(exe.f, exe.id)
+	if err != nil {
+		c.log.Warn("the SHA-256 of the running binary is unknown", "error", err)
+		return
+	}
+	c.mu.Lock()
+	if c.inst == inst && c.status.SHA256 == "" {
+		c.status.SHA256 = sum
+	}
+	c.mu.Unlock()
 }
 
 // openBinary opens a binary to hash it and run that same open file.

@@ -468,6 +468,44 @@ func copyBinary(t testing.TB, dst string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// TestStatusSHA256OfRunningFile: the SHA-256 that status shows, computed when first asked
+// rather than on the start's path, is the one of the file the process runs, even once
+// another file has been renamed over its path; a restart runs (and shows) the new one.
+func TestStatusSHA256OfRunningFile(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "helper")
+	first := copyBinary(t, bin)
+	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
+		c := child(f, "a", "helper")
+		c.Binary = bin
+		return []supervisor.Child{c}
+	})
+	pid := f.waitRunning("a").Pid
+
+	// Another file under the same path: the same code with a different tail.
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = append(data, "another build"...)
+	next := bin + ".next"
+	if err := os.WriteFile(next, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, bin); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.status("a"); s.Pid != pid || s.SHA256 != first {
+		t.Fatalf("status %+v, want pid %d and the SHA-256 of the file it runs, %s", s, pid, first)
+	}
+
+	syscall.Kill(pid, syscall.SIGKILL)
+	f.waitFor("restart", func() bool { s := f.status("a"); return s.Pid != pid && s.State == supervisor.Running })
+	sum := sha256.Sum256(data)
+	if s := f.status("a"); s.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Fatalf("after the restart: SHA-256 %s, want the new file's %x", s.SHA256, sum)
+	}
+}
+
 func TestSwap(t *testing.T) {
 	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
 		return []supervisor.Child{child(f, "a", "helper")}
@@ -659,40 +697,5 @@ func TestRestartedSubscriberGetsRetainedMessage(t *testing.T) {
 	f.waitFor("ready", func() bool { return f.sup.Ready(context.Background()) == nil })
 	if got, err := f.ask("a", "bus"); err != nil || got != "table-2" {
 		t.Errorf("restarted subscriber has %q (%v), want the retained table-2", got, err)
-	}
-}
-
-// TestAfter: a child with After starts only once those children are ready; the others start
-// at once, side by side.
-func TestAfter(t *testing.T) {
-	f := start(t, supervisor.Options{}, func(f *fixture) []supervisor.Child {
-		b := child(f, "b", "helper")
-		b.After = []string{"a"}
-		return []supervisor.Child{child(f, "a", "helper", "TESTHELPER_WANT_BUS=1"), b, child(f, "c", "helper")}
-	})
-	f.waitRunning("a")
-	f.waitRunning("c") // c comes after a in the list, and starts while a is not ready
-	if err := f.sup.Ready(context.Background()); err == nil {
-		t.Fatal("ready before a got its bus message")
-	}
-	if s := f.status("b"); s.State != supervisor.Stopped || s.Pid != 0 {
-		t.Fatalf("b is %s (pid %d) while a is not ready, want not started", s.State, s.Pid)
-	}
-	payload, _ := anypb.New(wrapperspb.String("go"))
-	if _, err := f.bus.Publish("test", payload); err != nil {
-		t.Fatal(err)
-	}
-	f.waitRunning("b")
-	f.waitFor("all ready", func() bool { return f.sup.Ready(context.Background()) == nil })
-}
-
-func TestAfterNamesAnEarlierChild(t *testing.T) {
-	for _, after := range []string{"b", "nobody", "a"} {
-		a := supervisor.Child{Name: "a", After: []string{after}}
-		b := supervisor.Child{Name: "b"}
-		_, err := supervisor.New([]supervisor.Child{a, b}, supervisor.Options{})
-		if err == nil || !strings.Contains(err.Error(), "not a child before it") {
-			t.Errorf("a after %q: err %v, want refused", after, err)
-		}
 	}
 }

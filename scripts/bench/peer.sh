@@ -21,7 +21,8 @@
 #   git clone https://github.com/istio/istio && cd istio && CGO_ENABLED=0 go build ./pilot/cmd/pilot-agent
 #
 # Usage: PILOT_AGENT=/path/to/pilot-agent scripts/bench/peer.sh
-#   ROUNDS=2 (each agent once per round, pilot-agent first), NAMES=1000, DNS_SECS=5,
+#   ROUNDS=2 (each agent once per round, pilot-agent first), STARTS=6 (starts alone, the two
+#   agents alternating, for the start's median), NAMES=1000, DNS_SECS=5,
 #   PROBE_SECS=5, TEMPLATE=../shared/reference/istio/envoy_bootstrap_tmpl.json,
 #   AGENTD_ENV='GOGC=100' (extra environment for agentd only, to try a setting).
 # Needs: root (unshare), go, python3, curl, dig, dnsperf, dnsmasq, wrk.
@@ -31,6 +32,7 @@ cd "$(dirname "$0")/../.."
 . scripts/bench/lib.sh
 
 ROUNDS=${ROUNDS:-2}
+STARTS=${STARTS:-6}
 NAMES=${NAMES:-1000}
 DNS_SECS=${DNS_SECS:-5}
 PROBE_SECS=${PROBE_SECS:-5}
@@ -82,15 +84,18 @@ probers="{\"/app-health/app/readyz\":{\"httpGet\":{\"path\":\"/ok\",\"port\":$AP
 probers+="\"/app-health/app/livez\":{\"tcpSocket\":{\"port\":$APP_PORT},\"timeoutSeconds\":1}}"
 status=http://127.0.0.1:15020
 
-# run_agent NAME BINARY ROUND: one agent from exec to stop; appends its figures to results.
-run_agent() {
-	local name=$1 bin=$2 round=$3 root=$work/$1-$3 extra=()
+# launch NAME BINARY TAG: starts one agent as the injected container runs it, in its own root
+# ($work/NAME-TAG) and session, and waits until /healthz/ready answers 200. Sets pid (the
+# session's leader), ready (ms from exec) and start_cpu (ms of CPU the agent's processes used
+# until then, Envoy not counted).
+launch() {
+	local name=$1 bin=$2 tag=$3 root=$work/$1-$3 extra=()
 	mkdir -p "$root/var/lib/istio/envoy" "$root/var/run/secrets/istio" "$root/etc/istio/proxy"
 	cp "$work/template.json" "$root/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 	cp "$work/ca-root.pem" "$root/var/run/secrets/istio/root-cert.pem"
 	# shellcheck disable=SC2206 # AGENTD_ENV is a list of NAME=VALUE words
 	[ "$name" = agentd ] && extra=(${AGENTD_ENV:-})
-	local t0 pid ready
+	local t0
 	t0=$(now_ms)
 	(cd "$root" && exec setsid env POD_NAME=bench-0 POD_NAMESPACE=default SERVICE_ACCOUNT=default INSTANCE_IP=127.0.0.1 \
 		ISTIO_META_CLUSTER_ID=Kubernetes ISTIO_META_MESH_ID=cluster.local TRUST_DOMAIN=cluster.local \
@@ -109,6 +114,24 @@ run_agent() {
 		sleep 0.002
 	done
 	ready=$(($(now_ms) - t0))
+	# shellcheck disable=SC2046 # a list of pids
+	start_cpu=$(($(cputicks $(agent_pids "$pid")) * 1000 / $(getconf CLK_TCK)))
+}
+
+# quit: stops the agent launch started (POST /quitquitquit, then SIGKILL to what is left) and
+# waits until nothing answers on the status port, which the next agent takes.
+quit() {
+	curl -s -o /dev/null -X POST "$status/quitquitquit" || true
+	for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	kill -9 -- "-$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	for _ in $(seq 100); do curl -s -o /dev/null "$status/healthz/ready" || break; sleep 0.1; done
+}
+
+# run_agent NAME BINARY ROUND: one agent from exec to stop; appends its figures to results.
+run_agent() {
+	local name=$1 bin=$2 round=$3 pid ready start_cpu
+	launch "$name" "$bin" "$round" || return 1
 	sleep 3
 	local idle procs
 	idle=$(pss_mb $(agent_pids "$pid"))
@@ -146,12 +169,7 @@ run_agent() {
 	loaded=$(pss_mb $(agent_pids "$pid"))
 	{ echo "$name round $round, after load:"; memory_table "$pid"; } >>"$work/detail"
 
-	curl -s -o /dev/null -X POST "$status/quitquitquit" || true
-	for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-	kill -9 -- "-$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-	# No leftover may hold the fixed ports for the next agent.
-	for _ in $(seq 100); do curl -s -o /dev/null "$status/healthz/ready" || break; sleep 0.1; done
+	quit
 
 	echo "$name $round $ready $idle $loaded $procs $hits $fwd $rate $direct1 $status1 $probe_cpu ${ceiling%% *}" >>"$work/results"
 	echo "$name round $round: ready $ready ms, idle $idle MB ($procs processes), after load $loaded MB" >&2
@@ -159,6 +177,18 @@ run_agent() {
 
 : >"$work/results"
 : >"$work/detail"
+: >"$work/starts"
+# Starts alone, the two agents alternating: start times move with the machine's load, so the
+# figure is the median of several, each agent's starts interleaved with the other's.
+for i in $(seq "$STARTS"); do
+	for agent in pilot-agent agentd; do
+		bin=$work/bin/istio-pilot-agent
+		[ "$agent" = agentd ] && bin=$work/bin/links/pilot-agent
+		launch "$agent" "$bin" "start$i"
+		quit
+		echo "$agent $ready $start_cpu" >>"$work/starts"
+	done
+done
 for round in $(seq "$ROUNDS"); do
 	run_agent pilot-agent "$work/bin/istio-pilot-agent" "$round"
 	run_agent agentd "$work/bin/links/pilot-agent" "$round"
@@ -167,9 +197,14 @@ done
 echo "memory of each process (smaps_rollup):"
 cat "$work/detail"
 echo
-python3 - "$work/results" "$NAMES" "$DNS_SECS" "$PROBE_SECS" "$(nproc)" <<'EOF'
+python3 - "$work/results" "$NAMES" "$DNS_SECS" "$PROBE_SECS" "$(nproc)" "$work/starts" <<'EOF'
+import statistics
 import sys
-path, names, dns_secs, probe_secs, cpus = sys.argv[1:]
+path, names, dns_secs, probe_secs, cpus, starts_path = sys.argv[1:]
+starts = {"pilot-agent": [], "agentd": []}
+for line in open(starts_path):
+    f = line.split()
+    starts[f[0]].append((float(f[1]), float(f[2])))
 cols = ("round ready idle loaded procs hits_qps hits_lat hits_lost hits_sent hits_cpu "
         "fwd_qps fwd_lat fwd_lost fwd_sent fwd_cpu rate rate_p50 rate_p99 direct_rps direct_p50 direct_p99 "
         "one_rps one_p50 one_p99 probe_cpu ceiling").split()
@@ -189,7 +224,7 @@ def mean(rs, k):
     return sum(r[k] for r in rs) / len(rs)
 
 rows = [
-    ("exec → /healthz/ready 200 (ms)", "ready", "{:.0f}", "≤ 1"),
+    ("exec → /healthz/ready 200, in the rounds (ms)", "ready", "{:.0f}", ""),
     ("PSS sum of the agent's processes, idle (MB)", "idle", "{:.1f}", "≤ 1"),
     ("the same after DNS and probe load (MB)", "loaded", "{:.1f}", "≤ 1"),
     ("DNS table hits (qps)", "hits_qps", "{:.0f}", "no regression"),
@@ -205,9 +240,18 @@ rows = [
 print(f"{len(p)} rounds on {cpus} CPUs, each round pilot-agent then agentd; DNS: dnsperf 4 clients x 100 outstanding,")
 print(f"{dns_secs} s, {names} names; probes: wrk {probe_secs} s. Processes: pilot-agent {vals(p, 'procs', '{:.0f}')},"
       f" agentd {vals(a, 'procs', '{:.0f}')} (Envoy not counted).")
+print(f"Starts alone: {len(starts['agentd'])} of each agent, alternating.")
 print()
 print("| figure | pilot-agent | agentd | agentd / pilot-agent | goal |")
 print("|---|---|---|---|---|")
+for title, i, goal in (("exec → /healthz/ready 200, median of the starts alone (ms)", 0, "≤ 1"),
+                       ("CPU of the agent's processes from exec to ready, median (ms; Envoy not counted)", 1, "")):
+    ps, as_ = [x[i] for x in starts["pilot-agent"]], [x[i] for x in starts["agentd"]]
+    if not ps or not as_:
+        continue
+    pm, am = statistics.median(ps), statistics.median(as_)
+    span = lambda xs: f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+    print(f"| {title} | {span(ps)} | {span(as_)} | {am / pm:.2f} | {goal} |" if pm > 0 else f"| {title} | {span(ps)} | {span(as_)} | - | {goal} |")
 for title, k, fmt, goal in rows:
     pm, am = mean(p, k), mean(a, k)
     ratio = f"{am / pm:.2f}" if pm > 0 and am >= 0 else "-"
