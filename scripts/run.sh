@@ -125,7 +125,6 @@ echo "run: a proxyless gRPC call through agentd (its xDS request also brings the
 "${client[@]}" --count 1
 echo "run: the WasmPlugin, asked for as Envoy asks (ECDS); xds-proxy fetches the module from devplane,"
 echo "     checks its sha256 ($plugin_sha), caches it and answers with the local file:"
-wait_for "the XDS socket" 30 test -S "$RUN_DIR/etc/istio/proxy/XDS"
 "${ecds[@]}"
 wait_for "agentd to be ready" 60 sh -c "'$BIN/agentd' status --root '$RUN_DIR' --json | grep -q '\"ready\":true'"
 echo "run: xds-proxy's Wasm metrics, merged on the status port:"

@@ -37,9 +37,8 @@ type Cache struct {
 	mu        sync.Mutex
 	modules   map[moduleKey]*entry
 	checksums map[string]*checksumEntry // by URL: the last checksum fetched for a tag or an HTTP URL
-	// found are the module files of a previous process not used since the start, by path,
-	// with their last use.
-	found map[string]time.Time
+	// found are the paths of module files a previous process left, not used since the start.
+	found map[string]bool
 }
 
 // moduleKey names a module without its version (an OCI tag or digest is dropped) and the
@@ -71,12 +70,10 @@ func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	for _, f := range leftovers {
 		_ = os.Remove(f)
 	}
-	found := map[string]time.Time{}
+	found := map[string]bool{}
 	files, _ := filepath.Glob(filepath.Join(o.Dir, "*", "*.wasm"))
 	for _, f := range files {
-		if fi, err := os.Lstat(f); err == nil && fi.Mode().IsRegular() {
-			found[f] = fi.ModTime()
-		}
+		found[f] = true
 	}
 	return &Cache{
 		o: o, log: log, metrics: m, http: newHTTPFetcher(o),
@@ -359,8 +356,14 @@ func (c *Cache) purge(now time.Time) {
 		}
 		delete(c.modules, k)
 	}
-	for p, last := range c.found {
-		if now.Sub(last) > c.o.ModuleExpiry && c.remove(p) {
+	// A file's last use is read now: another process (a swap's old one) may still use it.
+	for p := range c.found {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() {
+			delete(c.found, p) // gone, or not a module this cache wrote
+			continue
+		}
+		if now.Sub(fi.ModTime()) > c.o.ModuleExpiry && c.remove(p) {
 			delete(c.found, p)
 		}
 	}
