@@ -48,7 +48,7 @@ func TestRunScriptSmoke(t *testing.T) {
 		t.Fatalf("run.sh --smoke: %v", err)
 	}
 	for _, want := range []string{"smoke: ok   agentd status: ready", "smoke: ok   proxyless gRPC calls", "smoke: ok   readiness 200",
-		"smoke: ok   metrics", "smoke: ok   swap dns-proxy", "run: stopped"} {
+		"smoke: ok   metrics", "smoke: ok   WasmPlugin", "smoke: ok   swap dns-proxy", "run: stopped"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("run.sh output lacks %q", want)
 		}

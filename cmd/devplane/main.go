@@ -21,7 +21,7 @@ func main() {
 	var cfg devplane.Config
 	flag.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:15010", "address to serve xDS (ADS) on")
 	flag.StringVar(&cfg.ServicesFile, "services", "", "services YAML file, reloaded when it changes")
-	flag.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:15014", "address of the debug HTTP server (/debug/health, /debug/nacks); empty for none")
+	flag.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:15014", "address of the debug HTTP server (/debug/health, /debug/nacks) and of the sample Wasm module (/wasm/sample.wasm); empty for none")
 	flag.StringVar(&cfg.CAAddress, "ca-address", "", "address to serve the CA on over TLS (istiod: 15012); empty serves it in plaintext beside xDS")
 	caRoot := flag.String("ca-root-out", "", "file to write the CA's root certificate to (agentd's CA_ROOT_CA)")
 	certTTL := flag.Duration("cert-ttl", 24*time.Hour, "longest workload certificate lifetime the CA issues")

@@ -1,6 +1,8 @@
 // Command sample-client is the proxyless gRPC client of the quickstart (`make run`): it
 // resolves an xds:/// target through the gRPC xDS bootstrap agentd writes (GRPC_XDS_BOOTSTRAP,
 // which gRPC reads when the process starts) and calls the backend's health service.
+// `sample-client ecds SOCKET NAME...` shows instead what agentd's xDS proxy gives Envoy for
+// ECDS resources (ecds.go).
 package main
 
 import (
@@ -18,6 +20,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "ecds" {
+		os.Exit(ecdsMain(os.Args[2:]))
+	}
 	target := flag.String("target", "xds:///reviews.default.svc.cluster.local:9080", "gRPC target")
 	count := flag.Int("count", 3, "number of calls")
 	timeout := flag.Duration("timeout", 30*time.Second, "deadline of all the calls together")

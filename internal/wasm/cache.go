@@ -25,7 +25,9 @@ const ociPrefix = "oci://"
 // Cache keeps fetched modules as files, <dir>/<sha256 of the module name>/<checksum>.wasm as
 // Istio lays them out. A file is written under a temporary name and renamed once verified,
 // so a process killed during a fetch leaves no partial module; a file found there is trusted
-// by the next process (the cache survives a restart), and one fetch serves every client.
+// by the next process (the cache survives a restart), and one fetch serves every client. A
+// module's last use is also its file's modification time, so that the purge covers the files
+// a previous process left as well, whether or not they are asked for again.
 type Cache struct {
 	o       Options
 	log     hclog.Logger
@@ -35,6 +37,8 @@ type Cache struct {
 	mu        sync.Mutex
 	modules   map[moduleKey]*entry
 	checksums map[string]*checksumEntry // by URL: the last checksum fetched for a tag or an HTTP URL
+	// found are the paths of module files a previous process left, not used since the start.
+	found map[string]bool
 }
 
 // moduleKey names a module without its version (an OCI tag or digest is dropped) and the
@@ -52,8 +56,8 @@ type checksumEntry struct {
 	versions map[string]string // resource version by resource name, for the pull policy
 }
 
-// NewCache returns a cache in o.Dir and removes what a killed process left half-written
-// there.
+// NewCache returns a cache in o.Dir, removes what a killed process left half-written there
+// and takes the modules a previous process left into the purge.
 func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	o = o.withDefaults()
 	// Envoy gets absolute paths, as Istio gives them, whatever its working directory.
@@ -66,9 +70,14 @@ func NewCache(o Options, log hclog.Logger, m *Metrics) (*Cache, error) {
 	for _, f := range leftovers {
 		_ = os.Remove(f)
 	}
+	found := map[string]bool{}
+	files, _ := filepath.Glob(filepath.Join(o.Dir, "*", "*.wasm"))
+	for _, f := range files {
+		found[f] = true
+	}
 	return &Cache{
 		o: o, log: log, metrics: m, http: newHTTPFetcher(o),
-		modules: map[moduleKey]*entry{}, checksums: map[string]*checksumEntry{},
+		modules: map[moduleKey]*entry{}, checksums: map[string]*checksumEntry{}, found: found,
 	}, nil
 }
 
@@ -221,9 +230,16 @@ func (c *Cache) lookup(r *request, anyVersion bool) string {
 	if e == nil {
 		return ""
 	}
-	e.last = time.Now()
+	e.use()
 	c.remember(*r, e)
 	return e.path
+}
+
+// use records a use of the module, in memory and as its file's modification time for the
+// next process.
+func (e *entry) use() {
+	e.last = time.Now()
+	_ = os.Chtimes(e.path, e.last, e.last) // the file is gone: the next fetch writes it again
 }
 
 // adopt takes in a module file a previous process verified and wrote.
@@ -239,6 +255,7 @@ func (c *Cache) adopt(k moduleKey) *entry {
 		return nil
 	}
 	e := &entry{path: p, urls: map[string]bool{}}
+	delete(c.found, p)
 	c.modules[k] = e
 	c.metrics.cacheEntries.Set(float64(len(c.modules)))
 	return e
@@ -269,7 +286,7 @@ func (c *Cache) add(r request, module []byte) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e := c.modules[r.key]; e != nil {
-		e.last = time.Now()
+		e.use()
 		c.remember(r, e)
 		return e.path, nil
 	}
@@ -278,6 +295,7 @@ func (c *Cache) add(r request, module []byte) (string, error) {
 		return "", fmt.Errorf("caching module %s: %w", r.url, err)
 	}
 	e := &entry{path: p, last: time.Now(), urls: map[string]bool{}}
+	delete(c.found, p) // written again over a file of a previous process
 	c.modules[r.key] = e
 	c.remember(r, e)
 	c.metrics.cacheEntries.Set(float64(len(c.modules)))
@@ -311,7 +329,8 @@ func writeFile(p string, b []byte) error {
 	return err
 }
 
-// Run removes modules unused for ModuleExpiry every PurgeInterval until ctx ends.
+// Run removes modules unused for ModuleExpiry every PurgeInterval until ctx ends: those this
+// process used, and those a previous process left that are not asked for again.
 func (c *Cache) Run(ctx context.Context) error {
 	t := time.NewTicker(c.o.PurgeInterval)
 	defer t.Stop()
@@ -329,18 +348,35 @@ func (c *Cache) purge(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for k, e := range c.modules {
-		if now.Sub(e.last) <= c.o.ModuleExpiry {
-			continue
-		}
-		if err := os.Remove(e.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			c.log.Error("cannot remove an expired Wasm module", "path", e.path, "error", err)
+		if now.Sub(e.last) <= c.o.ModuleExpiry || !c.remove(e.path) {
 			continue
 		}
 		for u := range e.urls {
 			delete(c.checksums, u)
 		}
 		delete(c.modules, k)
-		c.log.Debug("removed an expired Wasm module", "path", e.path)
+	}
+	// A file's last use is read now: another process (a swap's old one) may still use it.
+	for p := range c.found {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() {
+			delete(c.found, p) // gone, or not a module this cache wrote
+			continue
+		}
+		if now.Sub(fi.ModTime()) > c.o.ModuleExpiry && c.remove(p) {
+			delete(c.found, p)
+		}
 	}
 	c.metrics.cacheEntries.Set(float64(len(c.modules)))
+}
+
+// remove deletes an expired module file, and its directory once empty.
+func (c *Cache) remove(p string) bool {
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		c.log.Error("cannot remove an expired Wasm module", "path", p, "error", err)
+		return false
+	}
+	_ = os.Remove(filepath.Dir(p)) // fails while another version of the module is there
+	c.log.Debug("removed an expired Wasm module", "path", p)
+	return true
 }

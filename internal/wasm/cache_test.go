@@ -215,6 +215,67 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// TestPurgeAfterRestart: the purge also removes the modules a previous process left that
+// the new one is never asked for, once unused for ModuleExpiry, counting their last use
+// before the restart; a module asked for again is kept.
+func TestPurgeAfterRestart(t *testing.T) {
+	module := wasmtest.Module("purge-restart")
+	srv := wasmtest.Start(t, module)
+	dir := t.TempDir()
+	const expiry = time.Minute
+	first, _ := newTestCache(t, Options{Dir: dir, ModuleExpiry: expiry})
+	o := GetOptions{Checksum: wasmtest.SHA256(module)}
+	used, err := first.Get(t.Context(), srv.HTTP+"/plugin.wasm", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Modules the previous process last used 2 minutes ago and 30 seconds ago.
+	start := time.Now()
+	left := func(name string, lastUse time.Time) string {
+		p := filepath.Join(dir, name, strings.Repeat("a", 64)+".wasm")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, module, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, lastUse, lastUse); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	stale, recent := left("stale", start.Add(-2*time.Minute)), left("recent", start.Add(-30*time.Second))
+	// A use of the previous process (a cache hit) counts after the restart too.
+	if err := os.Chtimes(used, start.Add(-2*time.Minute), start.Add(-2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := first.Get(t.Context(), srv.HTTP+"/plugin.wasm", o); err != nil || p != used {
+		t.Fatalf("Get = %s, %v, want the cached %s", p, err, used)
+	}
+
+	second, _ := newTestCache(t, Options{Dir: dir, ModuleExpiry: expiry})
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	second.purge(start)
+	if exists(stale) || exists(filepath.Dir(stale)) {
+		t.Errorf("a module unused for 2m, left by the previous process, is still there after the purge (expiry %v)", expiry)
+	}
+	if !exists(recent) || !exists(used) {
+		t.Fatalf("modules used within the expiry were purged: %s %v, %s %v", recent, exists(recent), used, exists(used))
+	}
+	// The new process is asked for one of them: 45 s later it is kept, the other (unused for
+	// 75 s) goes.
+	if p, err := second.Get(t.Context(), srv.HTTP+"/plugin.wasm", o); err != nil || p != used {
+		t.Fatalf("Get after the restart = %s, %v, want the cached %s", p, err, used)
+	}
+	second.purge(start.Add(45 * time.Second))
+	if exists(recent) {
+		t.Error("a module left by the previous process and never asked for again outlived its expiry")
+	}
+	if !exists(used) {
+		t.Error("a module asked for after the restart was purged within its expiry")
+	}
+}
+
 // value reads a counter or gauge.
 func value(t *testing.T, m prometheus.Metric) float64 {
 	t.Helper()

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/agentd/agentd/internal/testing/ecdsclient"
 	"github.com/agentd/agentd/internal/wasm"
 	"github.com/agentd/agentd/internal/wasm/wasmtest"
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
@@ -49,9 +50,13 @@ func wasmPlugin(t testing.TB, name, url, sha string, policy wasmv3.FailurePolicy
 	return a
 }
 
-// loaded says what an ECDS resource makes Envoy load (wasmtest.Loads).
+// loaded says what an ECDS resource makes Envoy load (ecdsclient.Loads).
 func loaded(t testing.TB, a *anypb.Any) string {
-	_, what := wasmtest.Loads(t, a)
+	t.Helper()
+	_, what, err := ecdsclient.Loads(a)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return what
 }
 

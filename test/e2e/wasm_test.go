@@ -15,13 +15,10 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/agentd/agentd/internal/envoy"
+	"github.com/agentd/agentd/internal/testing/ecdsclient"
 	"github.com/agentd/agentd/internal/wasm/wasmtest"
 )
 
@@ -132,7 +129,10 @@ func TestWasmThroughAgentd(t *testing.T) {
 	})
 	byName := map[string]string{}
 	for _, r := range resp.GetResources() {
-		name, what := wasmtest.Loads(t, r)
+		name, what, err := ecdsclient.Loads(r)
+		if err != nil {
+			t.Fatal(err)
+		}
 		byName[name] = what
 	}
 	for i, c := range cases {
@@ -205,23 +205,14 @@ func closeOnce(c chan struct{}) {
 }
 
 // subscribeECDS opens an ADS stream to agentd's XDS socket as Envoy does and asks for names.
-func subscribeECDS(t *testing.T, root string, names []string) discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+func subscribeECDS(t *testing.T, root string, names []string) *ecdsclient.Stream {
 	t.Helper()
-	cc, err := grpc.NewClient("unix://"+filepath.Join(root, "etc/istio/proxy/XDS"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	s, err := ecdsclient.Subscribe(ctx, filepath.Join(root, "etc/istio/proxy/XDS"), "sidecar~127.0.0.1~app-1.default~default.svc.cluster.local", names)
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := &corev3.Node{Id: "sidecar~127.0.0.1~app-1.default~default.svc.cluster.local",
-		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"GENERATOR": structpb.NewStringValue("envoy")}}}
-	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig", ResourceNames: names}); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }

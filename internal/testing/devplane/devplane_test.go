@@ -1,8 +1,12 @@
 package devplane_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +32,7 @@ import (
 
 	"github.com/agentd/agentd/internal/testing/devplane"
 	"github.com/agentd/agentd/internal/testing/devplane/devplanetest"
+	"github.com/agentd/agentd/internal/testing/samplewasm"
 	ndsv1 "github.com/agentd/agentd/proto/nds/v1"
 )
 
@@ -273,5 +278,31 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSampleModule: the quickstart's services file pins the sample Wasm module devplane
+// serves on its default debug address, by a sha256 that is the served module's.
+func TestSampleModule(t *testing.T) {
+	f, err := devplane.LoadFile("../../../deploy/examples/services.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	debug := httptest.NewServer(devplane.New(t.Context(), hclog.NewNullLogger()).DebugHandler())
+	defer debug.Close()
+	resp, err := http.Get(debug.URL + devplane.SampleModulePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	module, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(module, samplewasm.Module()) {
+		t.Fatalf("GET %s: %s, %d bytes, %v; want the sample module", devplane.SampleModulePath, resp.Status, len(module), err)
+	}
+	sum := sha256.Sum256(module)
+	want := devplane.WasmPlugin{Name: "sample", Namespace: "default", URL: "http://127.0.0.1:15014" + devplane.SampleModulePath,
+		SHA256: hex.EncodeToString(sum[:]), FailStrategy: "FAIL_OPEN"}
+	if len(f.WasmPlugins) != 1 || f.WasmPlugins[0] != want {
+		t.Errorf("the quickstart's WasmPlugins = %+v, want [%+v]", f.WasmPlugins, want)
 	}
 }

@@ -16,13 +16,17 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/agentd/agentd/internal/testing/samplewasm"
 )
 
 // Config is devplane's configuration; the zero value of each optional field is its default.
 type Config struct {
 	XDSAddress   string // where ADS is served; default 127.0.0.1:15010 (istiod's plaintext port)
 	ServicesFile string // the services YAML, reloaded when it changes; required
-	DebugAddress string // the debug HTTP server (/debug/health, /debug/nacks); "" for none
+	// DebugAddress is the debug HTTP server (/debug/health, /debug/nacks) and the sample Wasm
+	// module's (/wasm/sample.wasm); "" for none.
+	DebugAddress string
 	// Register adds more gRPC services (the CA): on CAAddress when it is set, else beside
 	// ADS on the xDS address, as istiod serves its CA.
 	Register  []func(grpc.ServiceRegistrar)
@@ -158,12 +162,21 @@ func (s *Server) WatchFile(ctx context.Context, path string) error {
 	}
 }
 
+// SampleModulePath is where the debug server serves the sample Wasm module (samplewasm), for
+// a WasmPlugin of the services file to fetch, as a module server would serve it.
+const SampleModulePath = "/wasm/sample.wasm"
+
 // DebugHandler serves /debug/health (the last health report of each client) and
-// /debug/nacks (the last rejected responses) as JSON.
+// /debug/nacks (the last rejected responses) as JSON, and the sample Wasm module.
 func (s *Server) DebugHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.Health()) })
 	mux.HandleFunc("GET /debug/nacks", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.NACKs()) })
+	module := samplewasm.Module()
+	mux.HandleFunc("GET "+SampleModulePath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/wasm")
+		_, _ = w.Write(module) // the client went away
+	})
 	return mux
 }
 

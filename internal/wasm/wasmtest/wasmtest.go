@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -67,8 +68,24 @@ type Server struct {
 // Start serves module until the test ends.
 func Start(t testing.TB, module []byte) *Server {
 	t.Helper()
+	return start(t, module, nil)
+}
+
+// StartPrivate is Start with a registry that answers only requests with HTTP Basic
+// credentials user:password, as a private registry does; the HTTP server stays open.
+func StartPrivate(t testing.TB, module []byte, user, password string) *Server {
+	t.Helper()
+	return start(t, module, &authn.Basic{Username: user, Password: password})
+}
+
+func start(t testing.TB, module []byte, auth *authn.Basic) *Server {
 	s := &Server{Module: module, Images: map[string]string{}, Digests: map[string]string{}}
-	reg := httptest.NewServer(s.count(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
+	var regHandler http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var push authn.Authenticator = authn.Anonymous
+	if auth != nil {
+		regHandler, push = requireBasic(regHandler, auth), auth
+	}
+	reg := httptest.NewServer(s.count(regHandler))
 	t.Cleanup(reg.Close)
 	s.Registry = strings.TrimPrefix(reg.URL, "http://")
 	for layout, img := range map[string]v1.Image{Artifact: artifact(t, module), Compat: compat(t, module, types.OCILayer), Docker: compat(t, module, types.DockerLayer)} {
@@ -77,7 +94,7 @@ func Start(t testing.TB, module []byte) *Server {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := remote.Write(r, img); err != nil {
+		if err := remote.Write(r, img, remote.WithAuth(push)); err != nil {
 			t.Fatalf("pushing %s: %v", ref, err)
 		}
 		d, err := img.Digest()
@@ -97,6 +114,22 @@ func Start(t testing.TB, module []byte) *Server {
 	t.Cleanup(h.Close)
 	s.HTTP = h.URL
 	return s
+}
+
+// requireBasic answers 401 to a request without the credentials, with the distribution API's
+// error. The challenge names no realm: Istio refuses a realm that is not an http(s) URL of a
+// public host, even a Basic one, and a test registry's URL is a loopback one.
+func requireBasic(h http.Handler, auth *authn.Basic) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != auth.Username || p != auth.Password {
+			w.Header().Set("WWW-Authenticate", `Basic charset="UTF-8"`)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) count(h http.Handler) http.Handler {
