@@ -27,6 +27,7 @@ import (
 	"github.com/agentd/agentd/internal/envoy"
 	"github.com/agentd/agentd/internal/envoy/bootstrap"
 	"github.com/agentd/agentd/internal/proc"
+	"github.com/agentd/agentd/internal/memory"
 	"github.com/agentd/agentd/internal/settings"
 	"github.com/agentd/agentd/internal/status"
 	"github.com/agentd/agentd/internal/supervisor"
@@ -276,7 +277,13 @@ func (a *Agent) Ready(ctx context.Context) error {
 	if err := a.grpcReady(); err != nil {
 		return err
 	}
-	a.startedUp.Do(func() { a.startup.Set(time.Since(processStart).Seconds()) })
+	a.startedUp.Do(func() {
+		a.startup.Set(time.Since(processStart).Seconds())
+		// The start's garbage (the bootstrap rendered, the children's configurations, the
+		// helpers' handshakes) is about half of agentd's heap until the next collection:
+		// given back once, agentd idles 1.5-2 MB smaller (docs/footprint.md).
+		memory.Release()
+	})
 	return nil
 }
 
