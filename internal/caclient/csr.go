@@ -12,7 +12,9 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net/url"
+	"runtime"
 	"strings"
+	"sync"
 )
 
 // KeyOptions says what kind of private key to make for a CSR, as Istio's agent does.
@@ -112,11 +114,43 @@ func newKey(o KeyOptions) (crypto.Signer, error) {
 		return k, nil
 	}
 	bits := max(o.RSAKeySize, 2048)
-	k, err := rsa.GenerateKey(rand.Reader, bits)
+	var k *rsa.PrivateKey
+	withSpareP(func() { k, err = rsa.GenerateKey(rand.Reader, bits) })
 	if err != nil {
 		return nil, fmt.Errorf("generate RSA %d key: %w", bits, err)
 	}
 	return k, nil
+}
+
+// spare counts the key generations running (withSpareP), and whether they raised GOMAXPROCS.
+var spare struct {
+	sync.Mutex
+	n      int
+	raised bool
+}
+
+// withSpareP runs fn, an RSA key's generation (50-150 ms of CPU), with one more P than the
+// process has when it has one (agentd's helpers run with GOMAXPROCS=1): on one P it holds up
+// every other goroutine of sds-server for its duration, agentd's readiness calls and Envoy's
+// SDS stream among them, which wait for the scheduler's 10 ms preemptions (readiness answered
+// 70-90 ms late in scripts/bench/peer.sh's starts). The P goes away afterwards, and with it
+// its memory.
+func withSpareP(fn func()) {
+	spare.Lock()
+	if spare.n++; spare.n == 1 && runtime.GOMAXPROCS(0) == 1 {
+		runtime.GOMAXPROCS(2)
+		spare.raised = true
+	}
+	spare.Unlock()
+	defer func() {
+		spare.Lock()
+		if spare.n--; spare.n == 0 && spare.raised {
+			runtime.GOMAXPROCS(1)
+			spare.raised = false
+		}
+		spare.Unlock()
+	}()
+	fn()
 }
 
 func encodeKey(key crypto.Signer, pkcs8 bool) ([]byte, error) {

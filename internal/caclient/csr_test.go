@@ -7,6 +7,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
+	"runtime"
 	"testing"
 )
 
@@ -89,4 +90,19 @@ func tlsKey(keyPEM []byte) (any, error) {
 		return x509.ParseECPrivateKey(blk.Bytes)
 	}
 	return x509.ParsePKCS8PrivateKey(blk.Bytes)
+}
+
+// TestWithSparePRestores: an RSA key is generated with a second P in a process of one, which
+// is one again afterwards; a process of more keeps its own.
+func TestWithSpareP(t *testing.T) {
+	old := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(old)
+	for _, tt := range []struct{ before, during int }{{1, 2}, {2, 2}, {4, 4}} {
+		runtime.GOMAXPROCS(tt.before)
+		var during int
+		withSpareP(func() { during = runtime.GOMAXPROCS(0) })
+		if after := runtime.GOMAXPROCS(0); during != tt.during || after != tt.before {
+			t.Errorf("GOMAXPROCS %d: %d during, %d after; want %d during, %d after", tt.before, during, after, tt.during, tt.before)
+		}
+	}
 }
