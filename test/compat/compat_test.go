@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,8 @@ type outputs struct {
 	bootstrap, grpcBootstrap map[string]any
 	argv                     []string
 	sideFiles                map[string]string // sideFiles present beside the bootstrap, by name
+	envoyEnv                 []string          // what agentd added to or changed in Envoy's environment
+	files                    []string          // what is under the root: path, kind, mode
 }
 
 // sideFiles are the files pilot-agent writes beside the bootstrap, in configPath, that a case
@@ -111,7 +114,9 @@ func runWith(t *testing.T, caseDir, template string, ro runOptions) outputs {
 	root := filepath.Join(stack, "root")
 	record := filepath.Join(stack, "record")
 	if _, err := os.Stat(filepath.Join(caseDir, "root")); err == nil {
-		if out, err := exec.Command("cp", "-a", filepath.Join(caseDir, "root"), root).CombinedOutput(); err != nil {
+		// Not the reference's modes (a read-only checkout): the recording's root was created
+		// with the umask's.
+		if out, err := exec.Command("cp", "-R", "--no-preserve=mode", filepath.Join(caseDir, "root"), root).CombinedOutput(); err != nil {
 			t.Fatalf("copy the case's root: %v %s", err, out)
 		}
 	}
@@ -150,6 +155,7 @@ set -a
 . "$COMPAT_HERE/config.env"
 set +a
 cd "$ROOT"
+env -0 >"$STACK/agent-environ"
 exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 `
 	cmd := exec.Command("unshare", "-n", "--", "bash", "-c", script)
@@ -199,6 +205,8 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 		t.Fatal(err)
 	}
 	o.argv = strings.Fields(norm.Replace(string(argv)))
+	o.envoyEnv = envAdded(t, filepath.Join(stack, "agent-environ"), filepath.Join(record, "envoy-environ"), norm)
+	o.files = listFiles(t, root)
 	o.sideFiles = map[string]string{}
 	for _, name := range sideFiles {
 		if data, err := os.ReadFile(filepath.Join(root, "etc/istio/proxy", name)); err == nil {
@@ -209,6 +217,63 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 		t.Logf("agentd's log:\n%s", log.String())
 	}
 	return o
+}
+
+// envAdded is what Envoy's environment (the stand-in's record) has that agentd's has not, or
+// has with another value: "NAME=value" lines, sorted, as envoy-env.txt records them.
+func envAdded(t *testing.T, agentFile, envoyFile string, norm *strings.Replacer) []string {
+	t.Helper()
+	read := func(path string) []string {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+	}
+	agent := map[string]bool{}
+	for _, kv := range read(agentFile) {
+		agent[kv] = true
+	}
+	var added []string
+	for _, kv := range read(envoyFile) {
+		if !agent[kv] && !strings.HasPrefix(kv, "SHLVL=") { // the test's shell lowers SHLVL when it execs agentd
+			added = append(added, norm.Replace(kv))
+		}
+	}
+	slices.Sort(added)
+	return added
+}
+
+// listFiles is what is under root, as files.txt records it: "path kind mode" (kind dir, file,
+// socket or symlink; mode in octal), sorted by path.
+func listFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == root {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		kind := "file"
+		switch {
+		case d.IsDir():
+			kind = "dir"
+		case info.Mode()&fs.ModeSocket != 0:
+			kind = "socket"
+		case info.Mode()&fs.ModeSymlink != 0:
+			kind = "symlink"
+		}
+		rel, _ := filepath.Rel(root, path)
+		out = append(out, fmt.Sprintf("%s %s %o", rel, kind, info.Mode().Perm()))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // expandStack writes the run's folder for $STACK in env.
@@ -291,8 +356,11 @@ func matches(paths map[string]string, doc, d string) (string, bool) {
 	return "", false
 }
 
-// TestPilotAgentOutputs: for every recorded case (the reference's and testdata/cases), with Istio's template and with agentd's own
-// bootstrap, Envoy's bootstrap and command line and the gRPC bootstrap are pilot-agent's.
+// TestPilotAgentOutputs: for every recorded case (the reference's and testdata/cases), with
+// Istio's template and with agentd's own bootstrap, Envoy's bootstrap, command line and
+// environment (nothing added to agentd's, as pilot-agent adds nothing) and the gRPC bootstrap are
+// pilot-agent's, and so is what is under the root once Envoy runs (files.txt), but for
+// agentdFiles.
 func TestPilotAgentOutputs(t *testing.T) {
 	ref := reference(t)
 	var dirs []string
@@ -335,6 +403,16 @@ func TestPilotAgentOutputs(t *testing.T) {
 				}
 				if w := strings.Fields(string(want)); !slices.Equal(got.argv, w) {
 					t.Errorf("Envoy's argv:\n got %q\nwant %q", got.argv, w)
+				}
+				if w, ok := lines(t, filepath.Join(caseDir, "envoy-env.txt")); ok && !slices.Equal(got.envoyEnv, w) {
+					t.Errorf("what agentd adds to Envoy's environment:\n got %q\nwant %q (envoy-env.txt)", got.envoyEnv, w)
+				}
+				if want, ok := lines(t, filepath.Join(caseDir, "files.txt")); ok {
+					if mode.template == "" { // the test put no template there
+						tmpl := strings.TrimPrefix(bootstrap.DefaultTemplate, "./") + " "
+						want = slices.DeleteFunc(want, func(l string) bool { return strings.HasPrefix(l, tmpl) })
+					}
+					checkFiles(t, got.files, want)
 				}
 				for _, name := range sideFiles {
 					want, err := os.ReadFile(filepath.Join(caseDir, name))
@@ -386,5 +464,54 @@ func TestNamedTemplate(t *testing.T) {
 				t.Errorf("bootstrap.json: %s", d)
 			}
 		})
+	}
+}
+
+// lines are the non-empty lines of a recorded file, and whether the case records it.
+func lines(t *testing.T, path string) ([]string, bool) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out, true
+}
+
+// agentdFiles are what agentd creates under the root that pilot-agent does not, each with why.
+var agentdFiles = map[string]string{
+	"var/run/agentd":              "agentd's own runtime folder",
+	"var/run/agentd/control.sock": "agentd's control socket: agentd status, restart, swap",
+	"var/run/agentd/probe.sock":   "the socket on which the status server hands kubelet's connections to the prober",
+}
+
+// checkFiles: what is under the root is what pilot-agent left under its working directory
+// (files.txt), but for agentdFiles.
+func checkFiles(t *testing.T, got, want []string) {
+	t.Helper()
+	has := map[string]bool{}
+	for _, g := range got {
+		has[g] = true
+	}
+	for _, w := range want {
+		if !has[w] {
+			t.Errorf("files: pilot-agent's %q is not under agentd's root", w)
+		}
+		delete(has, w)
+	}
+	for _, g := range got {
+		if has[g] {
+			if _, ok := agentdFiles[strings.Fields(g)[0]]; !ok {
+				t.Errorf("files: agentd's %q is not under pilot-agent's working directory", g)
+			}
+		}
 	}
 }

@@ -44,7 +44,8 @@ func main() {
 
 // record, when dir is set (ENVOY_STANDIN_RECORD), writes what the stand-in was started with,
 // as the recordings of Istio's pilot-agent have it: envoy-argv.txt (one argument a line),
-// bootstrap.json (the -c file, as given) and envoy-cwd.txt. Compatibility tests compare them.
+// bootstrap.json (the -c file, as given), envoy-cwd.txt and envoy-environ (its environment,
+// NUL-separated). Compatibility tests compare them.
 func record(dir string, args []string) error {
 	if dir == "" {
 		return nil
@@ -52,7 +53,10 @@ func record(dir string, args []string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
-	files := map[string][]byte{"envoy-argv.txt": []byte(strings.Join(args, "\n") + "\n")}
+	files := map[string][]byte{
+		"envoy-argv.txt": []byte(strings.Join(args, "\n") + "\n"),
+		"envoy-environ":  []byte(strings.Join(os.Environ(), "\x00")),
+	}
 	if wd, err := os.Getwd(); err == nil {
 		files["envoy-cwd.txt"] = []byte(wd + "\n")
 	}
