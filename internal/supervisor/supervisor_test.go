@@ -275,6 +275,21 @@ func TestOutOfFDsIsNotACrash(t *testing.T) {
 	}
 }
 
+// processState is pid's state letter in /proc (R, S, T, ...). A process sent SIGSTOP is
+// stopped ("T") up to a few ms after kill(2) returns, and may answer a call meanwhile.
+func processState(pid int) string {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The state follows the command's name, in parentheses (which may hold ") " too).
+	i := strings.LastIndex(string(st), ") ")
+	if i < 0 || i+2 >= len(st) {
+		return ""
+	}
+	return string(st[i+2])
+}
+
 func openFDCount(t *testing.T) int {
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -298,6 +313,7 @@ func TestHungChildIsReplaced(t *testing.T) {
 	}
 	defer syscall.Kill(a.Pid, syscall.SIGCONT)
 
+	f.waitFor("a stopped", func() bool { return processState(a.Pid) == "T" })
 	ready := make(chan error, 1)
 	go func() { ready <- f.sup.Ready(context.Background()) }()
 	select {
