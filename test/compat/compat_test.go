@@ -6,7 +6,8 @@
 // test/envoy-standin as Envoy (Envoy cannot be installed here) recording its argv and its -c
 // file. Envoy's bootstrap, its command line and the gRPC bootstrap are compared as data with
 // pilot-agent's, once with Istio's template in the root (rendered) and once without (agentd's
-// own bootstrap).
+// own bootstrap). TestProbesAsPilotAgent replays the probes case's requests to the status
+// port against a probe app (probeapp) and compares the answers and metric families.
 package compat
 
 import (
