@@ -59,7 +59,7 @@ func (w *watcher) watchLocked(paths []string) {
 				continue
 			}
 			if err := w.fs.Add(d); err != nil {
-				w.m.fileWatcherFailures.Inc()
+				w.m.fileWatcherFailures.WithLabelValues().Inc()
 				w.log.Warn("watching certificate directory failed; retrying", "dir", d, "error", err)
 				continue
 			}
@@ -108,7 +108,7 @@ type retry struct {
 func (w *watcher) Run(ctx context.Context) error {
 	fs, err := fsnotify.NewWatcher()
 	if err != nil {
-		w.m.fileWatcherFailures.Inc()
+		w.m.fileWatcherFailures.WithLabelValues().Inc()
 		return fmt.Errorf("create file watcher: %w", err)
 	}
 	defer fs.Close()
@@ -142,7 +142,7 @@ func (w *watcher) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			w.m.fileWatcherFailures.Inc()
+			w.m.fileWatcherFailures.WithLabelValues().Inc()
 			w.log.Warn("certificate file watch error", "error", err)
 		case <-tick.C:
 			w.mu.Lock()
@@ -184,7 +184,7 @@ func (w *watcher) reloadDue(due map[string]time.Time, retries map[string]*retry)
 		}
 		if now.Add(r.delay).After(r.deadline) {
 			delete(retries, name)
-			w.m.fileSecretFailures.Inc()
+			w.m.fileSecretFailures.WithLabelValues().Inc()
 			w.log.Error("certificate files did not become valid; keeping the served secret", "resource", name, "error", err)
 			continue
 		}

@@ -266,7 +266,8 @@ func (s *sdsUnderTest) metric(t testing.TB, name string) float64 {
 		}
 		return v
 	}
-	t.Fatalf("metric %s not registered", name)
+	// Not served: a family Istio serves from its first record on (failures, retries) has
+	// none yet. A misspelt name never grows, so the tests waiting for it fail.
 	return 0
 }
 

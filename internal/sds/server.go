@@ -350,7 +350,7 @@ func (s *Server) readFiles(ctx context.Context, retry bool, read func() error) e
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			s.m.fileSecretFailures.Inc()
+			s.m.fileSecretFailures.WithLabelValues().Inc()
 			return err
 		case <-t.C:
 		}
@@ -358,7 +358,7 @@ func (s *Server) readFiles(ctx context.Context, retry bool, read func() error) e
 			return nil
 		}
 	}
-	s.m.fileSecretFailures.Inc()
+	s.m.fileSecretFailures.WithLabelValues().Inc()
 	return err
 }
 

@@ -257,7 +257,7 @@ func (c *Cache) adopt(k moduleKey) *entry {
 	e := &entry{path: p, urls: map[string]bool{}}
 	delete(c.found, p)
 	c.modules[k] = e
-	c.metrics.cacheEntries.Set(float64(len(c.modules)))
+	c.metrics.cacheEntries.WithLabelValues().Set(float64(len(c.modules)))
 	return e
 }
 
@@ -298,7 +298,7 @@ func (c *Cache) add(r request, module []byte) (string, error) {
 	delete(c.found, p) // written again over a file of a previous process
 	c.modules[r.key] = e
 	c.remember(r, e)
-	c.metrics.cacheEntries.Set(float64(len(c.modules)))
+	c.metrics.cacheEntries.WithLabelValues().Set(float64(len(c.modules)))
 	return p, nil
 }
 
@@ -367,7 +367,7 @@ func (c *Cache) purge(now time.Time) {
 			delete(c.found, p)
 		}
 	}
-	c.metrics.cacheEntries.Set(float64(len(c.modules)))
+	c.metrics.cacheEntries.WithLabelValues().Set(float64(len(c.modules)))
 }
 
 // remove deletes an expired module file, and its directory once empty.

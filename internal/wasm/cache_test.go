@@ -205,7 +205,7 @@ func TestPurge(t *testing.T) {
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Fatalf("an expired module is still there: %v", err)
 	}
-	if n := value(t, m.cacheEntries); n != 0 {
+	if n := value(t, m.cacheEntries.WithLabelValues()); n != 0 {
 		t.Errorf("cache entries = %v, want 0", n)
 	}
 	ctx, cancel := context.WithCancel(t.Context())

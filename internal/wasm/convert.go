@@ -54,7 +54,9 @@ func NewConverter(c *Cache) *Converter { return &Converter{cache: c} }
 // as Istio does) is only for resources that do not decode or cannot be re-encoded.
 func (cv *Converter) Convert(ctx context.Context, resources []*anypb.Any) error {
 	start := time.Now()
-	defer func() { cv.cache.metrics.conversionDuration.Observe(float64(time.Since(start).Milliseconds())) }()
+	defer func() {
+		cv.cache.metrics.conversionDuration.WithLabelValues().Observe(float64(time.Since(start).Milliseconds()))
+	}()
 	errs := make([]error, len(resources))
 	var wg sync.WaitGroup
 	for i := range resources {

@@ -24,19 +24,20 @@ const (
 
 // Metrics are istio-agent's Wasm metrics, under the names it exports them.
 type Metrics struct {
-	cacheEntries       prometheus.Gauge
-	cacheLookups       *prometheus.CounterVec // hit: "true" or "false"
-	remoteFetches      *prometheus.CounterVec // result
-	conversions        *prometheus.CounterVec // result
-	conversionDuration prometheus.Histogram   // milliseconds
+	// Vectors without labels where Istio serves a metric from its first record on only.
+	cacheEntries       *prometheus.GaugeVec
+	cacheLookups       *prometheus.CounterVec   // hit: "true" or "false"
+	remoteFetches      *prometheus.CounterVec   // result
+	conversions        *prometheus.CounterVec   // result
+	conversionDuration *prometheus.HistogramVec // milliseconds
 }
 
 // NewMetrics registers the Wasm metrics with reg (none when reg is nil).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
-		cacheEntries: prometheus.NewGauge(prometheus.GaugeOpts{
+		cacheEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "istio_agent_wasm_cache_entries", Help: "number of Wasm remote fetch cache entries.",
-		}),
+		}, nil),
 		cacheLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_agent_wasm_cache_lookup_count", Help: "number of Wasm remote fetch cache lookups.",
 		}, []string{"hit"}),
@@ -48,11 +49,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "istio_agent_wasm_config_conversion_count",
 			Help: "number of Wasm config conversions and results, including success, no remote load, marshal failure, remote fetch failure, miss remote fetch hint.",
 		}, []string{"result"}),
-		conversionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		conversionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "istio_agent_wasm_config_conversion_duration",
 			Help:    "Total time in milliseconds istio-agent spends on converting remote load in Wasm config.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384},
-		}),
+		}, nil),
 	}
 	if reg == nil {
 		return m, nil

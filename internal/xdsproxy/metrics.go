@@ -12,7 +12,7 @@ import (
 // metrics are istio-agent's xDS proxy metrics, under the names it exports them.
 type metrics struct {
 	requests, responses prometheus.Counter
-	upstreamFailures    prometheus.Counter
+	upstreamFailures    *prometheus.CounterVec // no labels: served from the first failure, as Istio
 	// By how streams ended: type "cancelled" (an expected end) or "error".
 	upstreamEnds, downstreamEnds *prometheus.CounterVec
 	// recvMax is the largest message received from a client so far, as Istio's agent
@@ -28,9 +28,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		responses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "istio_agent_xds_proxy_responses", Help: "The total number of Xds Proxy Responses",
 		}),
-		upstreamFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_agent_istiod_connection_failures", Help: "The total number of connection failures to Istiod",
-		}),
+		}, nil),
 		upstreamEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "istio_agent_istiod_connection_terminations", Help: "The total number of connection errors to Istiod",
 		}, []string{"type"}),

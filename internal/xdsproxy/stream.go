@@ -158,7 +158,7 @@ func (p *Proxy) proxy(f *flavour, down grpc.ServerStream) error {
 			&grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, f.method)
 	}
 	if err != nil {
-		p.metrics.upstreamFailures.Inc()
+		p.metrics.upstreamFailures.WithLabelValues().Inc()
 		log.Warn("cannot reach the control plane", "address", p.cfg.Upstream.Address, "error", err)
 		return fmt.Errorf("connect to the control plane %s: %w", p.cfg.Upstream.Address, err)
 	}

@@ -6,7 +6,8 @@
 // test/envoy-standin as Envoy (Envoy cannot be installed here) recording its argv and its -c
 // file. Envoy's bootstrap, its command line and the gRPC bootstrap are compared as data with
 // pilot-agent's, once with Istio's template in the root (rendered) and once without (agentd's
-// own bootstrap).
+// own bootstrap). TestProbesAsPilotAgent replays the probes case's requests to the status
+// port against a probe app (probeapp) and compares the answers and metric families.
 package compat
 
 import (
@@ -104,7 +105,32 @@ type runOptions struct {
 	env        []string
 }
 
-func runWith(t *testing.T, caseDir, template string, ro runOptions) outputs {
+// agentRun is `agentd proxy sidecar` running for a case, in its private network namespace.
+type agentRun struct {
+	cmd                 *exec.Cmd
+	done                chan error // cmd.Wait's result, once
+	logFile             string
+	stack, root, record string
+}
+
+// log is what agentd, its children and devplane have written so far.
+func (r *agentRun) log() string {
+	data, _ := os.ReadFile(r.logFile)
+	return string(data)
+}
+
+// stop kills agentd's process group (its children have a parent-death signal; devplane is in
+// the group) and waits for agentd.
+func (r *agentRun) stop() {
+	syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+	err := <-r.done
+	r.done <- err
+}
+
+// startAgent prepares the run's folder for the case as the recording had it and starts
+// `agentd proxy sidecar` with the case's environment in a private network namespace; the run
+// is stopped when the test ends.
+func startAgent(t *testing.T, caseDir, template string, ro runOptions) *agentRun {
 	t.Helper()
 	stack, err := os.MkdirTemp("", "compat") // short: Unix socket paths are at most 107 bytes
 	if err != nil {
@@ -163,38 +189,44 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 		"BIN=" + binDir, "ROOT=" + root, "STACK=" + stack, "STACK_ENVOY=" + filepath.Join(stack, "envoy"),
 		"COMPAT_HERE=" + caseDir, "ENVOY_STANDIN_RECORD=" + record, "FLAGS=" + strings.ReplaceAll(ro.flags, "$STACK", stack),
 	}, expandStack(ro.env, stack))
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	// A file, not a pipe: cmd.Wait returns when agentd exits, whatever devplane holds open.
+	logFile, err := os.Create(filepath.Join(stack, "agentd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	// What is compared is written at Envoy's start: the run is killed then (agentd's children
-	// have a parent-death signal; devplane is in the process group).
-	stop := func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
+	r := &agentRun{cmd: cmd, done: make(chan error, 1), logFile: logFile.Name(), stack: stack, root: root, record: record}
+	go func() { r.done <- cmd.Wait() }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func runWith(t *testing.T, caseDir, template string, ro runOptions) outputs {
+	t.Helper()
+	r := startAgent(t, caseDir, template, ro)
+	root, record, stack := r.root, r.record, r.stack
+	// What is compared is written at Envoy's start: the run is killed then.
 	grpcFile := filepath.Join(root, "etc/istio/proxy/grpc-bootstrap.json")
 	deadline := time.Now().Add(90 * time.Second)
 	for !exists(filepath.Join(record, "bootstrap.json")) || !exists(filepath.Join(record, "envoy-argv.txt")) || !exists(grpcFile) {
 		select {
-		case err := <-done:
-			done <- err
-			stop()
-			t.Fatalf("agentd exited (%v) before Envoy started:\n%s", err, log.String())
+		case err := <-r.done:
+			r.done <- err
+			t.Fatalf("agentd exited (%v) before Envoy started:\n%s", err, r.log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			stop()
-			t.Fatalf("Envoy did not start within 90 s:\n%s", log.String())
+			t.Fatalf("Envoy did not start within 90 s:\n%s", r.log())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // the stand-in writes its three files one after the other
-	stop()
+	r.stop()
 
 	norm := strings.NewReplacer(root, "$ROOT", stack, "$STACK")
 	var o outputs
@@ -214,7 +246,7 @@ exec "$BIN/agentd" proxy sidecar --root "$ROOT" --helpers-dir "$BIN" $FLAGS
 		}
 	}
 	if t.Failed() || testing.Verbose() {
-		t.Logf("agentd's log:\n%s", log.String())
+		t.Logf("agentd's log:\n%s", r.log())
 	}
 	return o
 }
