@@ -10,9 +10,10 @@ BIN     ?= bin
 .PHONY: build test run fuzz proto bench istio-version
 
 # Static, as the image builds it (deploy/docker/Dockerfile); urfave/cli's manual-page writer
-# left out (its initialisers cost every process of the tree 0.2 MB: docs/footprint.md).
+# and gRPC's request tracing (golang.org/x/net/trace, never enabled) left out: their
+# initialisers cost every process of the tree (docs/footprint.md).
 build:
-	CGO_ENABLED=0 go build -trimpath -tags urfave_cli_no_docs -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 go build -trimpath -tags urfave_cli_no_docs,grpcnotrace -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 test:
 	scripts/test.sh

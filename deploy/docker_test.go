@@ -91,6 +91,7 @@ func TestDockerfile(t *testing.T) {
 	}
 	for _, want := range []string{
 		"CGO_ENABLED=0 go build",
+		"-tags urfave_cli_no_docs,grpcnotrace",
 		"-X github.com/agentd/agentd/internal/buildinfo.IstioVersion=${ISTIO_VERSION}",
 		"-X github.com/agentd/agentd/internal/buildinfo.Version=${VERSION}",
 		"-o /out/pilot-agent ./cmd/agentd",

@@ -123,3 +123,30 @@ func TestBurst(t *testing.T) {
 		})
 	}
 }
+
+// TestGCPercentFromFirstCollection: the percentage stays as it is until the next collection,
+// and is the one asked for once it ran. Automatic collection is off meanwhile (GOGC=off), so
+// that the only collection is the test's.
+func TestGCPercentFromFirstCollection(t *testing.T) {
+	current := func() int {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		return p
+	}
+	old := debug.SetGCPercent(-1)
+	t.Cleanup(func() { debug.SetGCPercent(old) })
+
+	GCPercentFromFirstCollection(37)
+	time.Sleep(10 * time.Millisecond)
+	if got := current(); got != -1 {
+		t.Fatalf("GOGC %d before a collection, want it unchanged (-1)", got)
+	}
+	runtime.GC()
+	deadline := time.Now().Add(10 * time.Second)
+	for current() != 37 {
+		if time.Now().After(deadline) {
+			t.Fatalf("GOGC %d 10 s after a collection, want 37", current())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -19,7 +19,7 @@ type Converter interface {
 	Convert(ctx context.Context, resources []*anypb.Any) error
 }
 
-var versionInfoField = (&discoveryv3.DiscoveryRequest{}).ProtoReflect().Descriptor().Fields().ByName("version_info").Number()
+var versionInfoField = fieldNumber(&discoveryv3.DiscoveryRequest{}, "version_info")
 
 // sotwRewrite and deltaRewrite decode an ECDS response, let convert rewrite its resources and
 // return it encoded again, or, when convert fails, the NACK to send upstream instead (with
@@ -64,7 +64,7 @@ func (s *pipe) noteECDSRequest(req *frame) {
 	if req.typeURL != ExtensionConfigType || s.f != sotw {
 		return
 	}
-	if v, err := stringField(req.data, versionInfoField); err == nil && v != "" {
+	if v, err := stringField(req.data, versionInfoField()); err == nil && v != "" {
 		s.ecdsAck.Store(&v)
 	}
 }

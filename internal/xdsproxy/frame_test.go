@@ -35,9 +35,9 @@ func TestFrameTypeURL(t *testing.T) {
 		{"garbage", []byte{0xff, 0xff, 0xff}, sotw, true, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			num := tc.field.requestTypeURL
+			num := tc.field.requestTypeURL()
 			if tc.resp {
-				num = tc.field.responseTypeURL
+				num = tc.field.responseTypeURL()
 			}
 			f := &frame{typeURLField: num}
 			err := codec{}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.data)}, f)
@@ -65,7 +65,7 @@ func FuzzTypeURL(f *testing.F) {
 		if proto.Unmarshal(data, &r) != nil {
 			return
 		}
-		got, err := stringField(data, sotw.responseTypeURL)
+		got, err := stringField(data, sotw.responseTypeURL())
 		if err != nil || got != r.TypeUrl {
 			t.Errorf("stringField = %q, %v; protobuf decodes %q", got, err, r.TypeUrl)
 		}

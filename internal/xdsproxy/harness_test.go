@@ -236,9 +236,9 @@ func (u *fakeUpstream) handle(_ any, ss grpc.ServerStream) error {
 	}
 	u.opened <- o
 	method, _ := grpc.MethodFromServerStream(ss)
-	field := sotw.requestTypeURL
+	field := sotw.requestTypeURL()
 	if strings.HasSuffix(method, "DeltaAggregatedResources") {
-		field = delta.requestTypeURL
+		field = delta.requestTypeURL()
 	}
 	errc := make(chan error, 1)
 	go func() {

@@ -66,7 +66,7 @@ func (s *rawStream) send(t testing.TB, b []byte) {
 }
 
 func (s *rawStream) recv() (*frame, error) {
-	f := &frame{typeURLField: s.f.responseTypeURL}
+	f := &frame{typeURLField: s.f.responseTypeURL()}
 	return f, s.RecvMsg(f)
 }
 
@@ -103,7 +103,7 @@ func TestBytesUnchanged(t *testing.T) {
 
 			// Unknown field 999 first, then the type URL, then the node: not Go's order.
 			req := protowire.AppendVarint(protowire.AppendTag(nil, 999, protowire.VarintType), 7)
-			req = protowire.AppendString(protowire.AppendTag(req, f.requestTypeURL, protowire.BytesType), ListenerType)
+			req = protowire.AppendString(protowire.AppendTag(req, f.requestTypeURL(), protowire.BytesType), ListenerType)
 			req = protowire.AppendBytes(protowire.AppendTag(req, field(f.request("", nil), "node"), protowire.BytesType),
 				mustMarshal(t, testNode("node-raw", "envoy")))
 			s.send(t, req)

@@ -28,7 +28,7 @@ type flavour struct {
 	name   string
 	method string // the upstream method
 	// Where requests and responses keep their type_url.
-	requestTypeURL, responseTypeURL protowire.Number
+	requestTypeURL, responseTypeURL func() protowire.Number
 	// request builds a request of the proxy's own: a subscription or a health report.
 	request func(typeURL string, detail *status.Status) proto.Message
 	// consume decodes a response of a type the proxy handles, hands its first resource to
@@ -39,8 +39,18 @@ type flavour struct {
 	rewrite func(data []byte, lastAck string, convert func([]*anypb.Any) error) ([]byte, proto.Message, error)
 }
 
-func typeURLField(m proto.Message) protowire.Number {
-	return m.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name("type_url")).Number()
+// typeURLField is where m keeps its type_url, looked up on first use: the lookup builds the
+// descriptors of m's whole file (40 KB of heap), which every process of agentd's executable
+// would otherwise build at start, used or not.
+func typeURLField(m proto.Message) func() protowire.Number {
+	return fieldNumber(m, "type_url")
+}
+
+// fieldNumber is the number of m's field name, looked up once, on first use.
+func fieldNumber(m proto.Message, name protoreflect.Name) func() protowire.Number {
+	return sync.OnceValue(func() protowire.Number {
+		return m.ProtoReflect().Descriptor().Fields().ByName(name).Number()
+	})
 }
 
 var sotw = &flavour{
@@ -213,7 +223,7 @@ func (s *pipe) end(upstream bool, err error) {
 
 func (s *pipe) receiveRequests() {
 	for {
-		req := &frame{typeURLField: s.f.requestTypeURL}
+		req := &frame{typeURLField: s.f.requestTypeURL()}
 		if err := s.down.RecvMsg(req); err != nil {
 			s.end(false, err)
 			return
@@ -267,7 +277,7 @@ func (s *pipe) sendRequests(ctx context.Context) {
 
 func (s *pipe) receiveResponses(ctx context.Context) {
 	for {
-		resp := &frame{typeURLField: s.f.responseTypeURL}
+		resp := &frame{typeURLField: s.f.responseTypeURL()}
 		if err := s.up.RecvMsg(resp); err != nil {
 			s.end(true, err)
 			return

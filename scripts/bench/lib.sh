@@ -34,13 +34,14 @@ EOF
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 # build_tree DIR PACKAGES...: the packages built as the image builds them (deploy/docker/
-# Dockerfile, make build: static, no cgo, stripped, without urfave/cli's manual-page writer)
+# Dockerfile, make build: static, no cgo, stripped, without urfave/cli's manual-page writer
+# and gRPC's request tracing)
 # into DIR, and DIR/links: agentd (a hard link, so that its own folder, the default helpers
 # folder, is DIR/links) with each helper as a link to it (the installed layout).
 build_tree() {
 	local dir=$1
 	shift
-	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -tags urfave_cli_no_docs -o "$dir/" "$@"
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -tags urfave_cli_no_docs,grpcnotrace -o "$dir/" "$@"
 	mkdir -p "$dir/links"
 	ln -f "$dir/agentd" "$dir/links/agentd"
 	for h in xds-proxy sds-server dns-proxy prober; do ln -sf agentd "$dir/links/$h"; done
