@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -260,7 +259,7 @@ func (a *Agent) tuneRuntime() {
 		a.log.Warn("cannot become a subreaper: orphans of the tree go to init", "error", err)
 	}
 	if !hasVar(a.s.Environ, "GOGC") {
-		debug.SetGCPercent(treeGOGC)
+		memory.GCPercentFromFirstCollection(memory.TreeGCPercent)
 	}
 	if !hasVar(a.s.Environ, "GOMAXPROCS") {
 		runtime.GOMAXPROCS(treeGOMAXPROCS)

@@ -39,14 +39,9 @@ var (
 )
 
 // The Go runtime's settings for agentd and its helpers, unless agentd's environment sets them.
+// The collector's percentage is memory.TreeGCPercent from each process's first collection on
+// (agentd: tuneRuntime; a helper: component.Serve).
 const (
-	// treeGOGC: a collection when the heap grows by half rather than doubles. A process's heap
-	// here is mostly what it was handed at once (a name table, an xDS push, the bus's retained
-	// messages) and the garbage of decoding it; with 10 000 names and endpoints it keeps the
-	// tree's PSS about 15 MB lower in the helpers and 3-4 MB in agentd
-	// (scripts/bench/footprint.sh), for collections that are rare at steady state (dns-proxy's
-	// query path does not allocate).
-	treeGOGC = 50
 	// treeGOMAXPROCS: one P per process. agentd and the helpers mostly wait on sockets, and each
 	// P keeps partly used heap spans of its own: the idle tree is about 0.6 MB smaller per
 	// process with one (scripts/bench/footprint.sh). dns-proxy picks its own, one more than
@@ -55,16 +50,13 @@ const (
 )
 
 // helperEnv returns the variables of env that the helper name may see, in env's order, and
-// the tree's GOGC and GOMAXPROCS where env has none.
+// the tree's GOMAXPROCS where env has none.
 func helperEnv(name string, env []string) []string {
 	allowed := helperEnvAllowed[name]
 	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return !slices.Contains(helperEnvCommon, k) && !slices.Contains(allowed, k)
 	})
-	if !hasVar(out, "GOGC") {
-		out = append(out, "GOGC="+strconv.Itoa(treeGOGC))
-	}
 	if name != "dns-proxy" && !hasVar(out, "GOMAXPROCS") {
 		out = append(out, "GOMAXPROCS="+strconv.Itoa(treeGOMAXPROCS))
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentd/agentd/internal/memory"
+
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -38,6 +40,10 @@ func ServeVersion(version int, name string, f Factory) {
 	// after the descriptor ("5"): ps, top and /proc/PID/comm show the helper's name instead.
 	if err := setProcessName(name); err != nil {
 		log.Debug("cannot name the process", "error", err)
+	}
+
+	if _, set := os.LookupEnv("GOGC"); !set {
+		memory.GCPercentFromFirstCollection(memory.TreeGCPercent)
 	}
 
 	files, err := inheritedSockets()
