@@ -266,8 +266,8 @@ func TestHTTPProbes(t *testing.T) {
 			t.Errorf("app saw a probe from %s, want source 127.0.0.6", r.RemoteAddr)
 		}
 	}
-	if got := counterValue(t, reg, "istio_agent_app_probes_total", map[string]string{"type": "http", "result": "failure"}); got < 4 {
-		t.Errorf("istio_agent_app_probes_total{http,failure} = %v, want at least 4", got)
+	if got := counterValue(t, reg, "agentd_app_probes_total", map[string]string{"type": "http", "result": "failure"}); got < 4 {
+		t.Errorf("agentd_app_probes_total{http,failure} = %v, want at least 4", got)
 	}
 }
 

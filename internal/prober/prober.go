@@ -135,7 +135,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		appProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_agent_app_probes_total",
+			Name: "agentd_app_probes_total",
 			Help: "Forwarded kubelet app probes, by probe type (http, tcp, grpc) and result (success, failure).",
 		}, []string{"type", "result"}),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{

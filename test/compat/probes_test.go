@@ -182,7 +182,7 @@ var agentdOnlyFamilies = map[string]string{
 	"agentd_child_restarts_total":              "agentd's supervisor: restarts of each child process",
 	"agentd_child_calls_missed_total":          "agentd's supervisor: calls to a child that did not answer",
 	"agentd_output_certs_write_failures_total": "agentd's OUTPUT_CERTS writer",
-	"istio_agent_app_probes_total":             "agentd's prober: forwarded app probes by type and result",
+	"agentd_app_probes_total":                  "agentd's prober: forwarded app probes by type and result",
 }
 
 // envoyOnlyFamilies are recorded families only a real Envoy serves (the stand-in cannot), and

@@ -138,7 +138,7 @@ func TestStatusServerFollowsTree(t *testing.T) {
 	})
 	t.Run("merged metrics", func(t *testing.T) {
 		fams := scrapeMetrics(t, port)
-		for _, name := range []string{"istio_agent_scrapes_total", "istio_agent_go_goroutines", "istio_agent_app_probes_total"} {
+		for _, name := range []string{"istio_agent_scrapes_total", "istio_agent_go_goroutines", "agentd_app_probes_total"} {
 			if fams[name] == nil {
 				t.Errorf("merged metrics lack %s", name)
 			}
