@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -210,11 +209,11 @@ func (a *AppProbes) probeHTTP(in *http.Request, path string, g *kubeprobe.HTTPGe
 	if host, p, err := net.SplitHostPort(in.Host); err == nil && p == strconv.Itoa(a.statusPort) {
 		req.Host = net.JoinHostPort(host, port)
 	}
-	for name, values := range in.Header {
-		req.Header[name] = slices.Clone(values)
-		if name == "Host" && len(values) > 0 {
-			req.Host = values[0]
-		}
+	if in.Header != nil {
+		req.Header = in.Header.Clone()
+	}
+	if host := req.Header["Host"]; len(host) > 0 {
+		req.Host = host[0]
 	}
 	var resp *http.Response
 	if scheme == "http" && !a.keepAlive {
@@ -234,8 +233,7 @@ func (a *AppProbes) probeHTTP(in *http.Request, path string, g *kubeprobe.HTTPGe
 		// A redirect that was not followed (another host): success, without the Location.
 		return http.StatusOK, nil
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
-	return resp.StatusCode, body
+	return resp.StatusCode, readBody(resp)
 }
 
 func (a *AppProbes) probeTCP(ctx context.Context, p *kubeprobe.KubeProbe) int {

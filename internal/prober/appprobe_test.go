@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,7 +30,13 @@ import (
 	agentv1 "github.com/agentd/agentd/proto/agent/v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(benchAppEnv) != "" {
+		benchAppMain()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // app is a real HTTP application on 127.0.0.1 that records what it received.
 type app struct {
@@ -98,7 +105,7 @@ func startProber(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *promet
 // startProberAt is startProber that also returns the front's address. The front is the
 // status server's routing: app probe paths to the forwarder, others answered by the front
 // ("status server PATH").
-func startProberAt(t *testing.T, cfg *agentv1.ProberConfig) (*http.Client, *prometheus.Registry, string) {
+func startProberAt(t testing.TB, cfg *agentv1.ProberConfig) (*http.Client, *prometheus.Registry, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "probe.sock")
 	l, err := net.Listen("unix", sock)

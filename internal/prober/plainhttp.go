@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -80,35 +81,96 @@ func (a *AppProbes) plainDo(req *http.Request, client *http.Client) (*http.Respo
 // aLongTimeAgo is a deadline that has passed: it stops a blocked read or write at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
+// Buffers of plain probes, reused: the request as written and the reader of the answer
+// (bufio's 4 KiB each), which were most of a probe's garbage.
+var (
+	requestBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	answerReads = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+	bodyBufs    = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+)
+
+var gzipOnly = []string{"gzip"}
+
+// answerBody is the body of an answer that plainRoundTrip has read whole.
+type answerBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (answerBody) Close() error { return nil }
+
+// readBody is up to maxProbeBody bytes of resp's body.
+func readBody(resp *http.Response) []byte {
+	if b, ok := resp.Body.(answerBody); ok {
+		return b.b
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
+	return body
+}
+
+// deadlineOnly is a context for net.Dialer that has a deadline and is never canceled before
+// it: the dial's connect is bounded by the deadline (a write deadline on the socket) without
+// the goroutine that package net starts to watch a context that can be canceled.
+type deadlineOnly struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.deadline, true }
+
 // plainRoundTrip sends req on a new connection and reads the answer (body included, up to
 // maxProbeBody). A zero deadline is none besides req's context.
 func (a *AppProbes) plainRoundTrip(req *http.Request, deadline time.Time) (*http.Response, error) {
 	ctx := req.Context()
+	dialCtx := ctx
 	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
+		// The request's cancellation (kubelet hung up) is watched once connected, below.
+		dialCtx = deadlineOnly{context.Background(), deadline}
 	}
-	conn, err := a.plainDialer.DialContext(ctx, "tcp", req.URL.Host)
+	conn, err := a.plainDialer.DialContext(dialCtx, "tcp", req.URL.Host)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
+	if !deadline.IsZero() {
+		_ = conn.SetDeadline(deadline)
+	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(aLongTimeAgo) })
 	defer stop()
 
+	// As a transport without keep-alives that may ask for gzip writes it: Connection: close,
+	// and Accept-Encoding: gzip unless the request has its own or asks for a range. req is
+	// left as it was, for a redirect's next hop.
 	out := *req
-	out.Header = req.Header.Clone()
-	out.Close = true // Connection: close, as a transport without keep-alives sends
+	out.Close = true
 	gzipped := false
-	if out.Header.Get("Accept-Encoding") == "" && out.Header.Get("Range") == "" {
-		out.Header.Set("Accept-Encoding", "gzip")
+	if req.Header.Get("Accept-Encoding") == "" && req.Header.Get("Range") == "" {
+		prev, had := req.Header["Accept-Encoding"]
+		req.Header["Accept-Encoding"] = gzipOnly
+		defer func() {
+			if had {
+				req.Header["Accept-Encoding"] = prev
+			} else {
+				delete(req.Header, "Accept-Encoding")
+			}
+		}()
 		gzipped = true
 	}
-	if err := out.Write(conn); err != nil {
+	wb := requestBufs.Get().(*bytes.Buffer)
+	defer requestBufs.Put(wb)
+	wb.Reset()
+	if err := out.Write(wb); err != nil { // a bytes.Buffer: no bufio.Writer of its own
+		return nil, err
+	}
+	if _, err := conn.Write(wb.Bytes()); err != nil {
 		return nil, errors.Join(err, ctx.Err())
 	}
-	br := bufio.NewReader(conn)
+	br := answerReads.Get().(*bufio.Reader)
+	br.Reset(conn)
+	defer func() {
+		br.Reset(nil)
+		answerReads.Put(br)
+	}()
 	var resp *http.Response
 	for {
 		if resp, err = http.ReadResponse(br, &out); err != nil {
@@ -132,8 +194,12 @@ func (a *AppProbes) plainRoundTrip(req *http.Request, deadline time.Time) (*http
 		}
 		body = zr
 	}
-	b, _ := io.ReadAll(io.LimitReader(body, maxProbeBody)) // a body cut short still answers, as before
-	resp.Body = io.NopCloser(bytes.NewReader(b))
+	bb := bodyBufs.Get().(*bytes.Buffer)
+	defer bodyBufs.Put(bb)
+	bb.Reset()
+	_, _ = bb.ReadFrom(io.LimitReader(body, maxProbeBody)) // a body cut short still answers, as before
+	b := bytes.Clone(bb.Bytes())
+	resp.Body = answerBody{bytes.NewReader(b), b}
 	return resp, nil
 }
 
