@@ -8,6 +8,7 @@
 package connpass
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -122,12 +123,9 @@ func (c *Conn) NetConn() net.Conn { return c.Conn }
 // data to send with it (r, then what the server or the sender before it had read past r).
 // The caller closes conn once sent.
 func Hijack(w http.ResponseWriter, r *http.Request) (conn net.Conn, data []byte, err error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	body, err := readBody(r)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the request body: %w", err)
-	}
-	if len(body) > MaxBody {
-		return nil, nil, fmt.Errorf("request body over %d bytes", MaxBody)
+		return nil, nil, err
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
@@ -137,16 +135,54 @@ func Hijack(w http.ResponseWriter, r *http.Request) (conn net.Conn, data []byte,
 	if err != nil {
 		return nil, nil, fmt.Errorf("take the connection: %w", err)
 	}
-	data = Head(r, body)
-	if n := rw.Reader.Buffered(); n > 0 { // pipelined requests go with it
-		rest, _ := rw.Reader.Peek(n)
-		data = append(data, rest...)
-	}
+	data = appendBuffered(Head(r, body), rw.Reader)
 	if c, ok := conn.(*Conn); ok && c.data.Len() > 0 {
 		rest, _ := io.ReadAll(c.data)
 		data = append(data, rest...)
 	}
 	return conn, data, nil
+}
+
+// Reread is r, which was read from br, as data to read it again from (Conn.Unread): r with
+// its body (Head), then what br had read past it.
+func Reread(r *http.Request, br *bufio.Reader) ([]byte, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	return appendBuffered(Head(r, body), br), nil
+}
+
+// Unread returns c reading data first, then what c had not given out yet: c with a request
+// put back (Reread), for another server to read it from the start.
+func (c *Conn) Unread(data []byte) *Conn {
+	if c.data.Len() > 0 {
+		rest, _ := io.ReadAll(c.data)
+		data = append(data, rest...)
+	}
+	br := bytes.NewReader(data)
+	return &Conn{Conn: c.Conn, data: br, r: io.MultiReader(br, c.Conn), Back: c.Back}
+}
+
+// readBody reads r's body, MaxBody at most.
+func readBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("read the request body: %w", err)
+	}
+	if len(body) > MaxBody {
+		return nil, fmt.Errorf("request body over %d bytes", MaxBody)
+	}
+	return body, nil
+}
+
+// appendBuffered appends what br has read and not given out (pipelined requests).
+func appendBuffered(data []byte, br *bufio.Reader) []byte {
+	if n := br.Buffered(); n > 0 {
+		rest, _ := br.Peek(n)
+		data = append(data, rest...)
+	}
+	return data
 }
 
 // Receive reads the next handed-over connection from uc; back is set as its Back.

@@ -1,43 +1,70 @@
 package prober
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/agentd/agentd/internal/connpass"
 )
 
 // Server serves the client connections agentd's status server hands over on the probe
-// socket (package connpass): it answers their app probes with its handler, on the client's
-// connection, and hands a connection back when a later request on it is for another path.
+// socket (package connpass). Each connection's app probes as kubelet sends them (HTTP/1.1
+// GET or HEAD, no body, a probe path) are read and answered by a loop of its own (serveConn),
+// with net/http's ReadRequest, one after the other, as net/http's server would answer them
+// but without its per-request machinery (a goroutine and a read to watch the client, a
+// context, deadlines). The first request that is anything else moves the connection, with
+// that request, to a net/http server (slowHTTP), which answers it and what follows as
+// net/http does, and hands the connection back to agentd when a request is for another path.
 type Server struct {
 	listener net.Listener
-	handed   *connpass.Listener
-	http     *http.Server
+	probes   http.Handler
+	slow     *connpass.Listener
+	slowHTTP *http.Server
 	log      hclog.Logger
+
+	// ctx is the probes' context: it ends when Run has waited for the answers under way.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	closing atomic.Bool
+	mu      sync.Mutex
+	conns   map[*connpass.Conn]struct{} // in serveConn
+	serving sync.WaitGroup              // serveConn loops
 }
 
 type handedConnKey struct{}
+
+// Limits of a request read by serveConn, as net/http's server's defaults.
+const (
+	readHeaderTimeout = 10 * time.Second
+	maxHeaderBytes    = http.DefaultMaxHeaderBytes + 4096
+)
 
 // NewServer serves probes (an AppProbes) on the connections handed over on l.
 func NewServer(l net.Listener, probes http.Handler, log hclog.Logger) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	s := &Server{listener: l, handed: connpass.NewListener(l.Addr()), log: log}
-	s.http = &http.Server{
+	s := &Server{listener: l, probes: probes, slow: connpass.NewListener(l.Addr()), log: log,
+		conns: map[*connpass.Conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.slowHTTP = &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveHTTP(w, r, probes) }),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: readHeaderTimeout,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, handedConnKey{}, c)
 		},
@@ -47,6 +74,7 @@ func NewServer(l net.Listener, probes http.Handler, log hclog.Logger) *Server {
 
 // Run serves until ctx ends, then lets the answers under way finish (5 s at most).
 func (s *Server) Run(ctx context.Context) error {
+	defer s.cancel()
 	g, ctx := errgroup.WithContext(ctx)
 	var (
 		mu    sync.Mutex
@@ -70,7 +98,7 @@ func (s *Server) Run(ctx context.Context) error {
 			links = append(links, uc)
 			mu.Unlock()
 			go func() {
-				if err := connpass.ServeFrom(uc, connpass.NewSender(uc), s.handed); err != nil && ctx.Err() == nil {
+				if err := s.receive(uc); err != nil && ctx.Err() == nil {
 					s.log.Warn("connection from agentd ended", "error", err)
 				}
 				_ = uc.Close()
@@ -78,7 +106,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	g.Go(func() error {
-		if err := s.http.Serve(s.handed); !errors.Is(err, http.ErrServerClosed) {
+		if err := s.slowHTTP.Serve(s.slow); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve app probes: %w", err)
 		}
 		return nil
@@ -95,9 +123,182 @@ func (s *Server) Run(ctx context.Context) error {
 		mu.Unlock()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return s.http.Shutdown(sctx)
+		s.stopConns()
+		err := s.slowHTTP.Shutdown(sctx)
+		done := make(chan struct{})
+		go func() {
+			s.serving.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-sctx.Done():
+			err = errors.Join(err, fmt.Errorf("app probes still under way: %w", sctx.Err()))
+		}
+		return err
 	})
 	return g.Wait()
+}
+
+// receive serves every connection agentd hands over on uc until uc fails or closes.
+func (s *Server) receive(uc *net.UnixConn) error {
+	back := connpass.NewSender(uc)
+	for {
+		c, err := connpass.Receive(uc, back)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if !s.track(c) {
+			_ = c.Close()
+			continue
+		}
+		go s.serveConn(c)
+	}
+}
+
+// track counts c in, unless the server is stopping.
+func (s *Server) track(c *connpass.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.serving.Add(1)
+	return true
+}
+
+func (s *Server) untrack(c *connpass.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.serving.Done()
+}
+
+// stopConns makes serveConn's loops end: a connection waiting for a request ends at once,
+// one with a probe under way after its answer.
+func (s *Server) stopConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing.Store(true)
+	for c := range s.conns {
+		_ = c.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// readers are serveConn's request readers, reused across connections: kubelet makes a
+// connection per probe.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
+// serveConn answers c's app probes until the client closes it or asks to, the server stops,
+// or a request is one for slowHTTP.
+func (s *Server) serveConn(c *connpass.Conn) {
+	moved := false
+	lr := &io.LimitedReader{R: c, N: math.MaxInt64}
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(lr)
+	defer func() {
+		br.Reset(nil)
+		readers.Put(br)
+		if !moved {
+			_ = c.Close()
+		}
+		s.untrack(c)
+	}()
+	for !s.closing.Load() {
+		// No deadline while waiting for a request, as net/http's server without an idle
+		// timeout; the header's starts with its first byte.
+		if _, err := br.Peek(1); err != nil {
+			return
+		}
+		_ = c.SetReadDeadline(time.Now().Add(readHeaderTimeout))
+		lr.N = maxHeaderBytes
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			s.refuse(c, err, lr.N == 0)
+			return
+		}
+		lr.N = math.MaxInt64
+		_ = c.SetReadDeadline(time.Time{})
+		if !plainProbe(req) {
+			moved = s.toSlowHTTP(c, req, br)
+			return
+		}
+		if !s.answer(c, req) {
+			return
+		}
+	}
+}
+
+// plainProbe reports whether r is an app probe as kubelet sends it, which serveConn answers
+// itself: HTTP/1.1, GET or HEAD, no body, no Expect, the request target a path, a valid Host
+// (net/http's server answers a bad one with 400) and header fields that net/http's server
+// takes.
+func plainProbe(r *http.Request) bool {
+	if r.ProtoMajor != 1 || r.ProtoMinor != 1 || (r.Method != http.MethodGet && r.Method != http.MethodHead) ||
+		r.ContentLength != 0 || len(r.TransferEncoding) > 0 || r.Header["Expect"] != nil ||
+		!strings.HasPrefix(r.RequestURI, "/") || !isProbePath(r.URL.Path) ||
+		r.Host == "" || !httpguts.ValidHostHeader(r.Host) {
+		return false
+	}
+	for k, vv := range r.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return false
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// refuse answers a request that could not be read as net/http's server does: nothing when
+// the client went away or was too slow, 431 when its header was too large, 400 otherwise.
+func (s *Server) refuse(c net.Conn, err error, tooLarge bool) {
+	const errorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+	var (
+		ne net.Error
+		oe *net.OpError
+	)
+	switch {
+	case tooLarge:
+		const publicErr = "431 Request Header Fields Too Large"
+		_, _ = io.WriteString(c, "HTTP/1.1 "+publicErr+errorHeaders+publicErr)
+	case errors.Is(err, io.EOF), errors.As(err, &ne) && ne.Timeout(), errors.As(err, &oe) && oe.Op == "read":
+	default:
+		const publicErr = "400 Bad Request"
+		_, _ = io.WriteString(c, "HTTP/1.1 "+publicErr+errorHeaders+publicErr)
+	}
+}
+
+// toSlowHTTP gives c to slowHTTP with req (read from br) to read again: false when req
+// could not be put back, after answering 500.
+func (s *Server) toSlowHTTP(c *connpass.Conn, req *http.Request, br *bufio.Reader) bool {
+	data, err := connpass.Reread(req, br)
+	if err != nil {
+		s.log.Error("pass a request on to net/http", "path", req.URL.Path, "error", err)
+		_, _ = io.WriteString(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		return false
+	}
+	s.slow.Put(c.Unread(data))
+	return true
+}
+
+// answer runs the probe of req and writes its answer to c; false when c is to be closed
+// (the client asked to, or the answer could not be written).
+func (s *Server) answer(c net.Conn, req *http.Request) bool {
+	w := answers.Get().(*answerWriter)
+	defer answers.Put(w)
+	w.reset()
+	s.probes.ServeHTTP(w, req.WithContext(s.ctx))
+	closeAfter := req.Close
+	_, err := c.Write(w.wire(req, closeAfter))
+	return err == nil && !closeAfter
 }
 
 // serveHTTP answers app probe paths; a request for another path on a handed-over connection
