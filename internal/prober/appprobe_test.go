@@ -472,13 +472,31 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 // TestHandedConnection: kubelet's connection, handed to the prober, keeps serving: requests
 // one after the other and pipelined, app probes answered by the prober, another path handed
 // back to the status server, and an app probe after that forwarded again.
+// A connection still open, idle, when the prober stops does not hold it up (startProberAt's
+// cleanup fails the test when Run returns an error, as after 5 s of answers under way).
 func TestHandedConnection(t *testing.T) {
 	app := startApp(t, false, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "fine") })
+	var idle net.Conn
+	t.Cleanup(func() {
+		if idle != nil {
+			idle.Close()
+		}
+	})
 	_, _, addr := startProberAt(t, &agentv1.ProberConfig{PodIp: "127.0.0.1", KubeAppProbers: probesJSON(map[string]string{
 		"/app-health/ok/readyz": fmt.Sprintf(`{"httpGet":{"path":"/ok","port":%d},"timeoutSeconds":1}`, app.port),
 	})})
 	req := func(path string) string { return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1:15020\r\n\r\n" }
 	probe, other := req("/app-health/ok/readyz"), req("/healthz/ready")
+	var err error
+	if idle, err = net.Dial("tcp", addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(idle, probe); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.ReadResponse(bufio.NewReader(idle), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("probe on the connection left idle: %v, %v", resp, err)
+	}
 	tests := []struct {
 		name   string
 		writes []string // each written after the answers to the one before were read
