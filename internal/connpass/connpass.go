@@ -36,7 +36,8 @@ const maxMessage = 2<<20 + MaxBody
 func Head(r *http.Request, body []byte) []byte {
 	var b bytes.Buffer
 	b.WriteString(r.Method + " " + r.RequestURI + " " + r.Proto + "\r\n")
-	if r.Host != "" {
+	// An HTTP/1.1 request that a server took had a Host field, perhaps an empty one.
+	if r.Host != "" || r.ProtoAtLeast(1, 1) {
 		b.WriteString("Host: " + r.Host + "\r\n")
 	}
 	h := r.Header.Clone()
@@ -143,18 +144,8 @@ func Hijack(w http.ResponseWriter, r *http.Request) (conn net.Conn, data []byte,
 	return conn, data, nil
 }
 
-// Reread is r, which was read from br, as data to read it again from (Conn.Unread): r with
-// its body (Head), then what br had read past it.
-func Reread(r *http.Request, br *bufio.Reader) ([]byte, error) {
-	body, err := readBody(r)
-	if err != nil {
-		return nil, err
-	}
-	return appendBuffered(Head(r, body), br), nil
-}
-
-// Unread returns c reading data first, then what c had not given out yet: c with a request
-// put back (Reread), for another server to read it from the start.
+// Unread returns c reading data first, then what c had not given out yet: c with what was
+// read from it put back, for another server to read it from the start.
 func (c *Conn) Unread(data []byte) *Conn {
 	if c.data.Len() > 0 {
 		rest, _ := io.ReadAll(c.data)

@@ -52,12 +52,12 @@ func (a *app) received() []*http.Request {
 	return append([]*http.Request(nil), a.reqs...)
 }
 
-func startApp(t *testing.T, tls bool, h http.HandlerFunc) *app {
+func startApp(t testing.TB, tls bool, h http.HandlerFunc) *app {
 	t.Helper()
 	return startAppOn(t, "127.0.0.1:0", tls, h)
 }
 
-func startAppOn(t *testing.T, addr string, tls bool, h http.HandlerFunc) *app {
+func startAppOn(t testing.TB, addr string, tls bool, h http.HandlerFunc) *app {
 	t.Helper()
 	a := &app{}
 	a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,9 +27,10 @@ import (
 // GET or HEAD, no body, a probe path) are read and answered by a loop of its own (serveConn),
 // with net/http's ReadRequest, one after the other, as net/http's server would answer them
 // but without its per-request machinery (a goroutine and a read to watch the client, a
-// context, deadlines). The first request that is anything else moves the connection, with
-// that request, to a net/http server (slowHTTP), which answers it and what follows as
-// net/http does, and hands the connection back to agentd when a request is for another path.
+// context, deadlines). The first request that is anything else, or that ReadRequest refuses,
+// moves the connection, with that request's bytes as they came, to a net/http server
+// (slowHTTP), which answers it and what follows as net/http does, and hands the connection
+// back to agentd when a request is for another path.
 type Server struct {
 	listener net.Listener
 	probes   http.Handler
@@ -191,18 +193,47 @@ func (s *Server) stopConns() {
 
 // readers are serveConn's request readers, reused across connections: kubelet makes a
 // connection per probe.
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+var readers = sync.Pool{New: func() any { return &requestReader{br: bufio.NewReaderSize(nil, 4<<10)} }}
+
+// requestReader reads a connection's requests and keeps the bytes of the one being read (its
+// head, and what was read past it), so that a request serveConn does not answer goes to
+// net/http's server as it came, byte for byte, for net/http to read and judge.
+type requestReader struct {
+	br       *bufio.Reader
+	lr       io.LimitedReader // the header's size limit
+	recorded []byte
+}
+
+func (r *requestReader) Read(p []byte) (int, error) {
+	n, err := r.lr.Read(p)
+	r.recorded = append(r.recorded, p[:n]...)
+	return n, err
+}
+
+// next reads the next request; recorded is then its bytes as they came and those read
+// past it.
+func (r *requestReader) next() (req *http.Request, tooLarge bool, err error) {
+	buffered, _ := r.br.Peek(r.br.Buffered())
+	r.recorded = append(r.recorded[:0], buffered...)
+	r.lr.N = maxHeaderBytes
+	req, err = http.ReadRequest(r.br)
+	tooLarge = r.lr.N == 0
+	r.lr.N = math.MaxInt64
+	return req, tooLarge, err
+}
 
 // serveConn answers c's app probes until the client closes it or asks to, the server stops,
-// or a request is one for slowHTTP.
+// or a request is one for slowHTTP (anything else, or one it cannot read).
 func (s *Server) serveConn(c *connpass.Conn) {
 	moved := false
-	lr := &io.LimitedReader{R: c, N: math.MaxInt64}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(lr)
+	rr := readers.Get().(*requestReader)
+	rr.lr.R, rr.lr.N = c, math.MaxInt64
+	rr.br.Reset(rr)
 	defer func() {
-		br.Reset(nil)
-		readers.Put(br)
+		rr.br.Reset(nil)
+		rr.lr.R = nil
+		rr.recorded = rr.recorded[:0]
+		readers.Put(rr)
 		if !moved {
 			_ = c.Close()
 		}
@@ -211,20 +242,24 @@ func (s *Server) serveConn(c *connpass.Conn) {
 	for !s.closing.Load() {
 		// No deadline while waiting for a request, as net/http's server without an idle
 		// timeout; the header's starts with its first byte.
-		if _, err := br.Peek(1); err != nil {
+		if _, err := rr.br.Peek(1); err != nil {
 			return
 		}
 		_ = c.SetReadDeadline(time.Now().Add(readHeaderTimeout))
-		lr.N = maxHeaderBytes
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			s.refuse(c, err, lr.N == 0)
+		req, tooLarge, err := rr.next()
+		if err != nil && (tooLarge || quietReadError(err)) {
+			if tooLarge { // as net/http's server answers it
+				const tooLarge = "431 Request Header Fields Too Large"
+				_, _ = io.WriteString(c, "HTTP/1.1 "+tooLarge+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+tooLarge)
+			}
 			return
 		}
-		lr.N = math.MaxInt64
 		_ = c.SetReadDeadline(time.Time{})
-		if !plainProbe(req) {
-			moved = s.toSlowHTTP(c, req, br)
+		if err != nil || !plainProbe(req) {
+			// net/http reads it again, answers it (400, 501, 505 for what it refuses) and
+			// serves the connection from then on.
+			s.slow.Put(c.Unread(slices.Clone(rr.recorded)))
+			moved = true
 			return
 		}
 		if !s.answer(c, req) {
@@ -233,10 +268,18 @@ func (s *Server) serveConn(c *connpass.Conn) {
 	}
 }
 
+// quietReadError: the client went away or was too slow, which net/http's server does not answer.
+func quietReadError(err error) bool {
+	var (
+		ne net.Error
+		oe *net.OpError
+	)
+	return err == io.EOF || errors.As(err, &ne) && ne.Timeout() || errors.As(err, &oe) && oe.Op == "read"
+}
+
 // plainProbe reports whether r is an app probe as kubelet sends it, which serveConn answers
-// itself: HTTP/1.1, GET or HEAD, no body, no Expect, the request target a path, a valid Host
-// (net/http's server answers a bad one with 400) and header fields that net/http's server
-// takes.
+// itself: HTTP/1.1, GET or HEAD, no body, no Expect, the request target a path, and a Host and
+// header fields that net/http's server takes (it answers others with 400).
 func plainProbe(r *http.Request) bool {
 	if r.ProtoMajor != 1 || r.ProtoMinor != 1 || (r.Method != http.MethodGet && r.Method != http.MethodHead) ||
 		r.ContentLength != 0 || len(r.TransferEncoding) > 0 || r.Header["Expect"] != nil ||
@@ -254,38 +297,6 @@ func plainProbe(r *http.Request) bool {
 			}
 		}
 	}
-	return true
-}
-
-// refuse answers a request that could not be read as net/http's server does: nothing when
-// the client went away or was too slow, 431 when its header was too large, 400 otherwise.
-func (s *Server) refuse(c net.Conn, err error, tooLarge bool) {
-	const errorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
-	var (
-		ne net.Error
-		oe *net.OpError
-	)
-	switch {
-	case tooLarge:
-		const publicErr = "431 Request Header Fields Too Large"
-		_, _ = io.WriteString(c, "HTTP/1.1 "+publicErr+errorHeaders+publicErr)
-	case errors.Is(err, io.EOF), errors.As(err, &ne) && ne.Timeout(), errors.As(err, &oe) && oe.Op == "read":
-	default:
-		const publicErr = "400 Bad Request"
-		_, _ = io.WriteString(c, "HTTP/1.1 "+publicErr+errorHeaders+publicErr)
-	}
-}
-
-// toSlowHTTP gives c to slowHTTP with req (read from br) to read again: false when req
-// could not be put back, after answering 500.
-func (s *Server) toSlowHTTP(c *connpass.Conn, req *http.Request, br *bufio.Reader) bool {
-	data, err := connpass.Reread(req, br)
-	if err != nil {
-		s.log.Error("pass a request on to net/http", "path", req.URL.Path, "error", err)
-		_, _ = io.WriteString(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-		return false
-	}
-	s.slow.Put(c.Unread(data))
 	return true
 }
 
