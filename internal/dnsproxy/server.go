@@ -195,7 +195,11 @@ func (s *Server) serveTCP(ctx, work context.Context, g *errgroup.Group, l net.Li
 		select {
 		case <-started:
 			return srv.Shutdown()
-		default: // it failed to start; its error is the group's
+		default:
+			// Not started yet, or it failed to start (its error is the group's). Shutdown
+			// refuses a server that has not started, which would then serve forever:
+			// closing its listener ends it whenever it starts.
+			_ = l.Close()
 			return nil
 		}
 	})

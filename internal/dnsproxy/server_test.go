@@ -538,3 +538,25 @@ func TestServeIPv6(t *testing.T) {
 		t.Errorf("forwarded over IPv6: %q", got)
 	}
 }
+
+// TestServeCancelledAtOnce: a Serve whose context ends before its TCP server has started
+// returns (miekg's Shutdown refuses a server not started yet, which then served forever: a
+// test's cleanup hung 10 minutes on a loaded machine).
+func TestServeCancelledAtOnce(t *testing.T) {
+	s := tableServer(t)
+	for range 20 {
+		pc, l := listenPair(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(ctx, []net.PacketConn{pc}, []net.Listener{l}) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Serve() = %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Serve still running 10 s after its context ended")
+		}
+	}
+}
