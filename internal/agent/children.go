@@ -39,8 +39,9 @@ type configs struct {
 // dns-proxy, and Envoy last, so that it stops first. They all start side by side: each needs
 // nothing from the others to start (the bus replays what one waits for, xds-proxy reads a
 // client certificate file at each handshake, so one written later is used at the next, and
-// Envoy's first xDS and SDS streams wait in the queues of agentd's sockets until xds-proxy
-// and sds-server serve them, as Envoy waits for pilot-agent's SDS server).
+// Envoy's first xDS and SDS streams wait in the queues of agentd's sockets, which listen
+// before any child starts, until xds-proxy and sds-server serve them: pilot-agent too has its
+// SDS server and xDS proxy listening before it starts Envoy, which then waits for answers).
 func (a *Agent) childTable(c *configs) []supervisor.Child {
 	var out []supervisor.Child
 	if c.prober != nil {

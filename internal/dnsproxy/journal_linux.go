@@ -220,12 +220,8 @@ func (j *journal) batch(lane int) *datagrams {
 	}
 	for i := range udpBatch {
 		b.bufs[i] = l.bufs[i][:]
-		b.iovs[i].Base = &l.bufs[i][0]
-		h := &b.hdrs[i].hdr
-		h.Iov = &b.iovs[i]
-		h.SetIovlen(1)
-		h.Name = (*byte)(unsafe.Pointer(&b.addrs[i]))
 	}
+	b.link()
 	return b
 }
 

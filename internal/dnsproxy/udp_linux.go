@@ -92,9 +92,20 @@ func newDatagrams(n, size int) *datagrams {
 		addrs: make([]unix.RawSockaddrInet6, n),
 		bufs:  make([][]byte, n),
 	}
-	for i := range n {
-		if size > 0 {
+	if size > 0 {
+		for i := range n {
 			b.bufs[i] = make([]byte, size)
+		}
+	}
+	b.link()
+	return b
+}
+
+// link points each datagram's header at its iovec and peer address, and each iovec at its
+// buffer where it has one.
+func (b *datagrams) link() {
+	for i := range b.hdrs {
+		if len(b.bufs[i]) > 0 {
 			b.iovs[i].Base = &b.bufs[i][0]
 		}
 		h := &b.hdrs[i].hdr
@@ -102,7 +113,6 @@ func newDatagrams(n, size int) *datagrams {
 		h.SetIovlen(1)
 		h.Name = (*byte)(unsafe.Pointer(&b.addrs[i]))
 	}
-	return b
 }
 
 // read fills b: it waits for the first datagram and takes the ones queued behind it, or

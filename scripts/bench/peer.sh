@@ -180,18 +180,18 @@ run_agent() {
 : >"$work/starts"
 # Starts alone, the two agents alternating: start times move with the machine's load, so the
 # figure is the median of several, each agent's starts interleaved with the other's.
+declare -A agent_bin=([pilot-agent]=$work/bin/istio-pilot-agent [agentd]=$work/bin/links/pilot-agent)
 for i in $(seq "$STARTS"); do
 	for agent in pilot-agent agentd; do
-		bin=$work/bin/istio-pilot-agent
-		[ "$agent" = agentd ] && bin=$work/bin/links/pilot-agent
-		launch "$agent" "$bin" "start$i"
+		launch "$agent" "${agent_bin[$agent]}" "start$i"
 		quit
 		echo "$agent $ready $start_cpu" >>"$work/starts"
 	done
 done
 for round in $(seq "$ROUNDS"); do
-	run_agent pilot-agent "$work/bin/istio-pilot-agent" "$round"
-	run_agent agentd "$work/bin/links/pilot-agent" "$round"
+	for agent in pilot-agent agentd; do
+		run_agent "$agent" "${agent_bin[$agent]}" "$round"
+	done
 done
 
 echo "memory of each process (smaps_rollup):"
@@ -223,6 +223,9 @@ def vals(rs, k, fmt):
 def mean(rs, k):
     return sum(r[k] for r in rs) / len(rs)
 
+def span(xs):
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
 rows = [
     ("exec → /healthz/ready 200, in the rounds (ms)", "ready", "{:.0f}", ""),
     ("PSS sum of the agent's processes, idle (MB)", "idle", "{:.1f}", "≤ 1"),
@@ -250,8 +253,8 @@ for title, i, goal in (("exec → /healthz/ready 200, median of the starts alone
     if not ps or not as_:
         continue
     pm, am = statistics.median(ps), statistics.median(as_)
-    span = lambda xs: f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
-    print(f"| {title} | {span(ps)} | {span(as_)} | {am / pm:.2f} | {goal} |" if pm > 0 else f"| {title} | {span(ps)} | {span(as_)} | - | {goal} |")
+    ratio = f"{am / pm:.2f}" if pm > 0 else "-"
+    print(f"| {title} | {span(ps)} | {span(as_)} | {ratio} | {goal} |")
 for title, k, fmt, goal in rows:
     pm, am = mean(p, k), mean(a, k)
     ratio = f"{am / pm:.2f}" if pm > 0 and am >= 0 else "-"
